@@ -1,5 +1,5 @@
 """GridSim: one grid battery for one day of day-ahead prices. The rules and score (``battery``), synthetic
-prices (``prices``), and the bundle generator (``generate``).
+prices (``prices``), the bundle generator (``generate``), and what notebooks show of it (``report``).
 
     from agentenv_nb import gridsim
     bundle = gridsim.write_bundle("bundles/gridsim-tiny", train=16, eval=8)
@@ -8,13 +8,8 @@ prices (``prices``), and the bundle generator (``generate``).
 
 from .battery import BASELINES, ScheduleError, optimum, score, settle
 from .generate import read_days, write_bundle
+from .report import baseline_scores, plot_day
 
 
-def baseline_scores(days: list[dict]) -> dict[str, float]:
-    """The mean score of each baseline (idle, greedy, optimum) on ``days``, scored as the env scores them."""
-    return {name: sum(score(day["prices"], rule(day["prices"])) for day in days) / len(days)
-            for name, rule in BASELINES.items()}
-
-
-__all__ = ["BASELINES", "ScheduleError", "baseline_scores", "optimum", "read_days", "score", "settle",
+__all__ = ["BASELINES", "ScheduleError", "baseline_scores", "optimum", "plot_day", "read_days", "score", "settle",
            "write_bundle"]

@@ -55,6 +55,8 @@ def write_bundle(path: str | Path, train: int = 2000, eval: int = 200, seed: int
     for source in (HERE / "env" / "server.py", HERE / "env" / "requirements.txt", HERE / "env" / "Dockerfile",
                    HERE / "battery.py"):
         shutil.copy(source, env / source.name)
+    # One server with no gateway in front: how the kit's "process" sandbox runs it, and Docker or Modal too.
+    (env / "env.toml").write_text(f'environment_name = "{ENV_NAME}"\nenv_provider_type = "server"\n')
     (root / "artifacts" / "check_gridsim").mkdir(parents=True)
     shutil.copy(HERE / "verifier" / "verify.py", root / "artifacts" / "check_gridsim" / "verify.py")
     (root / "tasks").mkdir()

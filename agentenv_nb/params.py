@@ -1,0 +1,43 @@
+"""Notebook parameters from the environment: a notebook's parameters cell sets its defaults, and
+``AGENTENV_NB_<NAME>`` overrides any of them, so CI and the README's demo run the same notebooks on the tiny
+bundle and model without editing them.
+
+    BUNDLE = "gridsim-v1"
+    MAX_STEPS = 40
+    globals().update(from_env(globals()))   # AGENTENV_NB_MAX_STEPS=2 makes MAX_STEPS 2
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+PREFIX = "AGENTENV_NB_"
+
+
+def from_env(defaults: dict[str, Any]) -> dict[str, Any]:
+    """The UPPER_CASE names of ``defaults`` that the environment overrides, each as its default's type."""
+    found = {}
+    for name, default in defaults.items():
+        if not name.isupper() or (PREFIX + name) not in os.environ:
+            continue
+        text = os.environ[PREFIX + name]
+        if isinstance(default, bool):
+            found[name] = text.lower() in ("1", "true", "yes", "on")
+        elif isinstance(default, (int, float)):
+            found[name] = type(default)(text)
+        else:
+            found[name] = text
+    for name, value in found.items():
+        print(f"{name} = {value!r}  (from {PREFIX}{name})")
+    return found
+
+
+TINY = {"BUNDLE": "gridsim-tiny", "MODEL": "tiny", "PRESET": "cpu-tiny", "SANDBOX": "process"}
+
+
+def use_tiny_defaults(run_dir: str | os.PathLike) -> None:
+    """Point every notebook at the tiny bundle and model on CPU, writing under ``run_dir``, unless the
+    environment already says otherwise: what CI and the README's demo run."""
+    for name, value in {**TINY, "RUN_DIR": str(run_dir)}.items():
+        os.environ.setdefault(PREFIX + name, value)
