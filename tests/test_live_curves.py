@@ -1,0 +1,165 @@
+"""The live callback and the eval curve, driven by transformers' own Trainer and callback handler on CPU."""
+
+import json
+import math
+from pathlib import Path
+
+import matplotlib
+import nbformat
+import pandas as pd
+import pytest
+import torch
+
+from agentenv_nb.curves import QWEN3_4B_GRIDSIM_REFERENCE, eval_curve, find_trainer_state, save_eval_curve
+from agentenv_nb.live import ConsoleLivePlot, LivePlot, NotebookLivePlot, format_row, live_plot
+from nbclient import NotebookClient
+# transformers after agentenv_nb.live, which hides a broken torchvision wheel that would break these imports
+from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
+
+matplotlib.use("Agg")
+
+# Log dicts as TRL 1.15's GRPOTrainer.log writes them (keys from trl/trainer/grpo_trainer.py), step 12 from seeds/000,
+# with the scores agentenv_nb.trainer_hooks.ScoreLog adds.
+TRAIN_12 = {"loss": 0.0523, "grad_norm": 0.0498, "learning_rate": 1.2e-5, "num_tokens": 81920.0,
+            "completions/mean_length": 681.2, "completions/clipped_ratio": 0.0, "tools/call_frequency": 2.0,
+            "tools/failure_frequency": 0.0, "rewards/gridsim-v1/mean": 0.6434, "rewards/gridsim-v1/std": 0.3533,
+            "reward": 0.6434, "reward_std": 0.3533, "frac_reward_zero_std": 0.25, "entropy": 0.41,
+            "clip_ratio/region_mean": 0.0, "step_time": 101.8, "scores/gridsim-v1/grade/mean": 0.61,
+            "scores/gridsim-v1/unscored": 0.0, "epoch": 0.05}
+EVAL_0 = {"eval_loss": 0.0, "eval_runtime": 600.0, "eval_reward": 0.551, "eval_reward_std": 0.3,
+          "eval_rewards/gridsim-v1/mean": 0.551, "eval_tools/call_frequency": 2.0,
+          "eval_scores/gridsim-v1/grade/mean": 0.55, "epoch": 0.0}
+# Other names and a CPU run: only `rewards/<EnvClass>/mean`, no step_time, an all-NaN metric logged as None.
+TRAIN_CPU = {"loss": 0.01, "rewards/GridSimEnv/mean": 0.4, "rewards/GridSimEnv/std": 0.1,
+             "tools/failure_frequency": None, "epoch": 0.1}
+EVAL_OLD = {"eval_rewards/GridSimEnv/mean": 0.3, "epoch": 0.1}
+
+
+def drive(callback, events):
+    """Feed ``(step, logs)`` events through transformers' CallbackHandler, timing a step before each train log."""
+    handler = CallbackHandler([DefaultFlowCallback(), callback], None, None, None, None)
+    args, state, control = TrainingArguments(output_dir="unused", report_to="none"), TrainerState(), TrainerControl()
+    for step, logs in events:
+        state.global_step = step
+        if "loss" in logs:
+            handler.on_step_begin(args, state, control)
+            handler.on_step_end(args, state, control)
+        handler.on_log(args, state, control, dict(logs))
+    handler.on_train_end(args, state, control)
+
+
+EVENTS = [(0, EVAL_0), (12, TRAIN_12), (13, TRAIN_CPU), (13, EVAL_OLD), (14, {"loss": 0.02})]
+
+
+def test_console_prints_a_line_per_log_and_keeps_history(capsys):
+    live = live_plot("console")
+    drive(live, EVENTS)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(EVENTS) == len(live.history)
+    assert lines[0] == "step    0 | eval reward 0.551"
+    assert lines[1] == ("step   12 | loss 0.0523 | reward 0.643 ± 0.353 | zero-std 0.25 | "
+                        "tools 2.00/rollout, 0.00 failed | 101.8 s/step")
+    assert "reward 0.400" in lines[2] and "s/step" in lines[2]  # reward from rewards/<env>/mean, time measured
+    assert lines[3] == "step   13 | eval reward 0.300"
+    df = live.history
+    assert list(df["step"]) == [0, 12, 13, 13, 14]
+    assert df.loc[1, "scores/gridsim-v1/grade/mean"] == 0.61 and math.isnan(df.loc[2, "tools/failure_frequency"])
+    assert 0 <= df.loc[2, "step_time"] < 1 and df["step_time"].notna().sum() == 3
+    assert torch.cuda.is_available() or "gpu_allocated_gib" not in df
+
+
+def test_notebook_flavour_draws_every_panel_with_data_and_throttles():
+    live = NotebookLivePlot(min_interval=3600)
+    drive(live, EVENTS)  # drawn at the first log, then throttled until train end
+    titles = [ax.get_title() for ax in live.figure.axes if ax.get_visible()]
+    assert titles == ["Reward", "Groups with zero reward std", "Tool calls per rollout", "Scores", "Step time (s)"]
+    assert sorted(live.figure.axes[3].get_legend_handles_labels()[1]) == [
+        "eval_scores/gridsim-v1/grade/mean", "scores/gridsim-v1/grade/mean", "scores/gridsim-v1/unscored"]
+    drawn = live._last_draw
+    live.on_log(None, TrainerState(global_step=20), None, logs=dict(TRAIN_12))
+    assert live._last_draw == drawn and len(live.history) == len(EVENTS) + 1
+
+
+def test_factory_picks_console_outside_a_kernel():
+    assert type(live_plot()) is ConsoleLivePlot
+    assert isinstance(live_plot("notebook"), LivePlot)
+    with pytest.raises(ValueError):
+        live_plot("tensorboard")
+    assert format_row({"step": 3}) == "step    3"
+
+
+KERNEL_CELL = """
+import matplotlib; matplotlib.use("Agg")
+from agentenv_nb.live import NotebookLivePlot, live_plot
+from transformers import TrainerState
+live = live_plot(min_interval=0)
+assert isinstance(live, NotebookLivePlot)
+live.on_train_begin(None, TrainerState(), None)
+for step in (1, 2):
+    live.on_log(None, TrainerState(global_step=step), None, logs={"loss": 0.1, "reward": 0.5, "reward_std": 0.2})
+"""
+
+
+def test_in_a_kernel_the_factory_picks_the_notebook_and_draws_into_an_output_widget():
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(KERNEL_CELL)])
+    repo = Path(__file__).resolve().parents[1]
+    NotebookClient(nb, timeout=60, kernel_name="python3", resources={"metadata": {"path": str(repo)}}).execute()
+    widgets = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"].values()
+    [output] = [w["state"]["outputs"] for w in widgets if w["model_name"] == "OutputModel"]
+    assert [o["output_type"] for o in output] == ["display_data"] and "image/png" in output[0]["data"]
+
+
+class Doubler(torch.nn.Module):
+    """A one-weight regression model: learns y = 2x in a few steps."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(1, 1)
+
+    def forward(self, x, labels=None):
+        logits = self.linear(x)
+        return {"loss": torch.nn.functional.mse_loss(logits, labels), "logits": logits}
+
+
+def reward_metrics(pred):
+    """Eval metrics named as GRPO's: Trainer prefixes them with ``eval_``."""
+    close = (abs(pred.predictions - pred.label_ids) < 1.0).mean()
+    return {"reward": float(close), "scores/gridsim/grade/mean": float(close) / 2}
+
+
+def test_real_trainer_run_feeds_live_history_and_eval_curve(tmp_path, capsys):
+    data = [{"x": torch.tensor([v / 8]), "labels": torch.tensor([v / 4])} for v in range(8)]
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=4,
+                             learning_rate=0.1, logging_steps=1, eval_strategy="steps", eval_steps=2,
+                             eval_on_start=True, save_strategy="steps", save_steps=2, report_to="none",
+                             use_cpu=True, disable_tqdm=True, seed=0)
+    live = live_plot("console")
+    trainer = Trainer(model=Doubler(), args=args, train_dataset=data, eval_dataset=data,
+                      compute_metrics=reward_metrics, callbacks=[live])
+    trainer.train()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]  # not Trainer's own
+    assert len(lines) == len(live.history) == len(trainer.state.log_history)
+    assert live.history["step_time"].notna().sum() == 4 and live.history["eval_reward"].notna().sum() == 3
+
+    assert find_trainer_state(tmp_path) == tmp_path / "checkpoint-4" / "trainer_state.json"
+    trainer.save_state()
+    assert find_trainer_state(tmp_path) == tmp_path / "trainer_state.json"
+    df = eval_curve(tmp_path)
+    assert list(df.columns) == ["step", "eval_reward", "eval_scores/gridsim/grade/mean"]
+    assert list(df["step"]) == [0, 2, 4] and df["eval_reward"].between(0, 1).all()
+    assert df.equals(eval_curve(tmp_path / "checkpoint-4")) and df.equals(eval_curve(trainer.state.log_history))
+
+    png, csv = save_eval_curve(df, tmp_path / "plots", baselines={"idle": 0.2, "greedy": 0.76, "optimum": 1.0})
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pd.testing.assert_frame_equal(pd.read_csv(csv), df)
+
+
+def test_eval_curve_falls_back_to_per_env_rewards_and_reference_is_the_seed_table(tmp_path):
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 13, "log_history": [
+        {**TRAIN_12, "step": 12}, {**EVAL_OLD, "step": 13}]}))
+    df = eval_curve(tmp_path)
+    assert df["eval_reward"].tolist() == [0.3] and df["step"].tolist() == [13]
+    assert eval_curve([{**TRAIN_12, "step": 1}]).empty
+    assert QWEN3_4B_GRIDSIM_REFERENCE["NeMo RL"] == {0: 0.55, 20: 0.68, 40: 0.67}
+    assert [table[40] for table in QWEN3_4B_GRIDSIM_REFERENCE.values()] == [0.59, 0.61, 0.61, 0.60, 0.57, 0.67]
