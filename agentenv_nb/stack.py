@@ -1,0 +1,71 @@
+"""Import the trainer stack in the order it needs, on a GPU or a plain CPU.
+
+Unsloth must be imported before TRL so it can rewrite TRL's trainers (on a GPU), or patch TRL
+1.15's fused LM head so it runs at all (on a CPU). A torchvision wheel whose compiled operators
+don't match the installed torch (seen: torchvision 0.28.0 from PyPI beside torch 2.13.0+cpu) breaks
+``from transformers import PreTrainedModel`` and ``import unsloth``; it is hidden here, the one place
+that works around it.
+
+Usage::
+
+    from agentenv_nb.stack import import_unsloth, vllm_available
+
+    unsloth = import_unsloth()          # before anything imports trl
+    ok, why = vllm_available()          # colocated vLLM (fast_inference) only when ok
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import sys
+import warnings
+from types import ModuleType
+
+
+def hide_broken_torchvision() -> str | None:
+    """Hide torchvision from this process when its compiled ops don't load; return why, else None.
+
+    transformers imports torchvision whenever it is installed, and a broken one makes every model
+    class fail to import; text models never need it, so it is blocked as if not installed.
+    """
+    if sys.modules.get("torchvision", False) is None or importlib.util.find_spec("torchvision") is None:
+        return None
+    try:
+        import torchvision.ops  # noqa: F401  where the compiled nms lives
+    except RuntimeError as error:  # e.g. "operator torchvision::nms does not exist"
+        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+            del sys.modules[name]
+        sys.modules["torchvision"] = None  # find_spec() then says "not installed"; import raises
+        return f"torchvision hidden: its compiled operators don't load ({error})"
+    return None
+
+
+def import_unsloth() -> ModuleType:
+    """Import unsloth (once, first), after hiding a broken torchvision; return the module.
+
+    Warns if trl came first: classes taken from trl before then stay unpatched (Unsloth warns on a GPU too).
+    """
+    if "unsloth" not in sys.modules and "trl" in sys.modules:
+        warnings.warn("trl was imported before unsloth; call import_unsloth() before anything imports trl")
+    reason = hide_broken_torchvision()
+    if reason:
+        print(f"agentenv_nb: {reason}")
+    return importlib.import_module("unsloth")
+
+
+@functools.cache
+def vllm_available() -> tuple[bool, str]:
+    """Whether Unsloth's colocated vLLM (fast_inference=True) can run here, and why not if not."""
+    if importlib.util.find_spec("vllm") is None:
+        return False, "vllm is not installed"
+    import torch
+
+    if not torch.cuda.is_available():
+        return False, "vllm needs a CUDA GPU and none is visible"
+    try:
+        importlib.import_module("vllm")
+    except Exception as error:  # a vllm built for another torch fails in many ways
+        return False, f"vllm does not import: {type(error).__name__}: {error}"
+    return True, "vllm imports and a CUDA GPU is visible"

@@ -1,0 +1,75 @@
+"""The presets hold seeds/000's recipe, set Unsloth's changed defaults back, and survive the config classes.
+
+The configs are built with ``import unsloth`` first, as in the notebooks; on a GPU machine that is
+Unsloth's GRPOConfig rewrite, on a CPU stock TRL with Unsloth's CPU patches.
+"""
+
+import pytest
+
+from agentenv_nb import presets
+
+# seeds/000's train.py, on a 24 GB GPU.
+RECIPE = {
+    "per_device_train_batch_size": 8, "gradient_accumulation_steps": 4, "num_generations": 8,
+    "max_completion_length": 1024, "max_tool_calling_iterations": 2,
+    "chat_template_kwargs": {"enable_thinking": False}, "temperature": 1.1, "learning_rate": 2e-5,
+    "lr_scheduler_type": "cosine", "warmup_steps": 3, "loss_type": "dr_grpo", "beta": 0.0,
+    "epsilon_high": 0.28, "optim": "adamw_torch", "weight_decay": 0.0, "bf16": True, "logging_steps": 1,
+    "eval_strategy": "steps", "eval_steps": 20, "eval_on_start": True, "num_generations_eval": 1,
+    "per_device_eval_batch_size": 32, "seed": 0, "report_to": "none", "max_steps": 40,
+}
+# seeds/000 "Settings Unsloth changes": left unset, Unsloth's config would give these other values.
+UNSLOTH_CHANGES = ["optim", "weight_decay", "learning_rate", "warmup_steps", "seed",
+                   "per_device_eval_batch_size", "scale_rewards"]
+
+
+def test_24gb_is_the_seed_recipe():
+    kwargs = presets.grpo_kwargs("24gb")
+    assert {name: kwargs[name] for name in RECIPE} == RECIPE
+    assert set(UNSLOTH_CHANGES) <= set(kwargs)
+    assert kwargs["use_vllm"] == presets.fast_inference("24gb")
+    model = presets.model_kwargs("24gb", "qwen3-4b-gridsim-sft")
+    assert model["load_in_4bit"] and model["max_seq_length"] == 4096 and model["max_lora_rank"] == 32
+    assert not presets.model_kwargs("16bit", "m")["load_in_4bit"]
+    lora = presets.peft_kwargs("24gb")
+    assert (lora["r"], lora["lora_alpha"], lora["use_gradient_checkpointing"]) == (32, 64, "unsloth")
+    assert lora["target_modules"] == presets.LORA_TARGETS
+
+
+@pytest.mark.parametrize("preset", presets.PRESETS)
+def test_configs_keep_every_setting(preset, tmp_path):
+    grpo = presets.grpo_config(preset, output_dir=str(tmp_path))  # raises on any drift
+    assert presets.config_drift(grpo, presets.grpo_kwargs(preset, output_dir=str(tmp_path))) == {}
+    assert grpo.scale_rewards == "group" and grpo.loss_type == "dr_grpo"  # TRL's scaling, not Unsloth's off
+    sft = presets.sft_config(preset, output_dir=str(tmp_path))
+    assert sft.assistant_only_loss and sft.weight_decay == 0.0 and sft.seed == 0
+
+
+def test_drift_is_reported(tmp_path):
+    kwargs = presets.grpo_kwargs("cpu-tiny", output_dir=str(tmp_path))
+    config = presets.grpo_config("cpu-tiny", output_dir=str(tmp_path))
+    config.scale_rewards, config.weight_decay = "none", 0.001  # what Unsloth's rewrite would have done
+    assert presets.config_drift(config, kwargs) == {"scale_rewards": ("group", "none"), "weight_decay": (0.0, 0.001)}
+    with pytest.raises(ValueError, match="scale_rewards"):
+        presets.check_config(config, kwargs)
+
+
+def test_user_arguments(tmp_path):
+    (tmp_path / "checkpoint-4").mkdir()
+    (tmp_path / "checkpoint-12").mkdir()
+    kwargs = presets.grpo_kwargs("16bit", output_dir=str(tmp_path), max_steps=12, save_steps=4, resume=True)
+    assert (kwargs["max_steps"], kwargs["save_strategy"], kwargs["save_steps"]) == (12, "steps", 4)
+    assert kwargs["resume_from_checkpoint"] == str(tmp_path / "checkpoint-12")
+    assert presets.grpo_kwargs("16bit", output_dir=str(tmp_path / "new"), resume=True)["resume_from_checkpoint"] is None
+    assert presets.grpo_kwargs("cpu-tiny", max_steps=3)["eval_steps"] == 3  # eval at the start and the end
+    assert presets.sft_kwargs("cpu-tiny", max_steps=5)["max_steps"] == 5
+    with pytest.raises(ValueError, match="unknown preset"):
+        presets.grpo_kwargs("80gb")
+
+
+def test_concurrent_sessions(tmp_path):
+    big = presets.grpo_config("24gb", output_dir=str(tmp_path))
+    assert presets.concurrent_sessions(big) == 32  # 32 rollouts a step; the 32 of an eval reuse them
+    assert presets.concurrent_sessions(big, environments=2) == 64
+    tiny = presets.grpo_config("cpu-tiny", output_dir=str(tmp_path), per_device_eval_batch_size=16)
+    assert presets.concurrent_sessions(tiny) == 16  # an eval batch larger than a step's rollouts
