@@ -6,6 +6,10 @@
 Imports stay light: the trainer stack loads only when a module that needs it is used.
 """
 
+from .stack import hide_broken_torchvision
+
+hide_broken_torchvision()  # before anything imports transformers, which a broken torchvision breaks for good
+
 __all__ = ["AgentEnv"]
 
 

@@ -4,7 +4,7 @@ self-distillation's best rollouts, each a real conversation of tool calls and to
     demos = gridsim_expert(env.factory, env.dataset)           # Rollouts, scored by the task's verifier
     train_set = sft_dataset(d for d in demos if d["reward"] == 1.0)
     # self-distillation (seeds/003): play the model, keep the top half by reward, fine-tune, repeat
-    train_set = sft_dataset(top_fraction(play(model, tokenizer, env.factory, rows), 0.5))
+    rollouts = self_distill_round(model, tokenizer, env, "cpu-tiny", "runs/distill-0")
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterable
 from datasets import Dataset
 from transformers.utils import get_json_schema
 
+from . import presets
 from .gridsim import battery
-from .rollout import Rollout, call_tools, tool_methods
+from .rollout import Rollout, call_tools, environment_for, play, tool_methods
 
 DONE = "I submitted the day's schedule."
 
@@ -26,7 +27,7 @@ def gridsim_expert(factory: Callable, rows: Iterable[dict],
                    policy: Callable[[list[float]], list[int]] = battery.optimal_schedule) -> list[Rollout]:
     """Play each GridSim row as an expert would, through a real environment: get_prices, submit_schedule with
     ``policy``'s schedule for those prices, end_turn. The verifier scores each as it scores the model."""
-    environment, rollouts = factory(), []
+    environment, rollouts = environment_for(factory, 0), []
     for row in rows:
         environment.reset(**{k: v for k, v in row.items() if k != "environment"})
         rollout = Rollout(task_id=row.get("task_id", ""), messages=[dict(m) for m in row["prompt"]],
@@ -76,3 +77,16 @@ def sft_dataset(rollouts: Iterable[Rollout]) -> Dataset:
     if not rows:
         raise ValueError("no rollouts to learn from: none was kept (check the rewards, or keep a larger fraction)")
     return Dataset.from_list(rows)
+
+
+def self_distill_round(model, tokenizer, env, preset: str, output_dir: str, *, fraction: float = 0.5,
+                       samples: int = 2, temperature: float = 1.0, **play_kwargs) -> list[Rollout]:
+    """One round of seeds/003's loop: play each train task ``samples`` times, fine-tune ``model`` in place on the
+    top ``fraction`` by reward (TRL's SFTTrainer, ``preset``'s SFT settings); returns the round's rollouts."""
+    from trl import SFTTrainer
+
+    rows = [row for row in env.dataset for _ in range(samples)]
+    rollouts = play(model, tokenizer, env.factory, rows, temperature=temperature, **play_kwargs)
+    SFTTrainer(model=model, processing_class=tokenizer, train_dataset=sft_dataset(top_fraction(rollouts, fraction)),
+               args=presets.sft_config(preset, output_dir=output_dir)).train()
+    return rollouts

@@ -33,11 +33,14 @@ def from_env(defaults: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
-TINY = {"BUNDLE": "gridsim-tiny", "MODEL": "tiny", "PRESET": "cpu-tiny", "SANDBOX": "process"}
+TINY = {"BUNDLE": "gridsim-tiny", "MODEL": "tiny", "PRESET": "cpu-tiny", "SANDBOX": "process", "EVAL_DAYS": "8",
+        "MAX_NEW_TOKENS": "160", "DISTILL_ROUNDS": "1", "MAX_STEPS": "4", "SAVE_STEPS": "2",
+        "MAX_CONCURRENT_ENVS": "16"}
 
 
 def use_tiny_defaults(run_dir: str | os.PathLike) -> None:
     """Point every notebook at the tiny bundle and model on CPU, writing under ``run_dir``, unless the
     environment already says otherwise: what CI and the README's demo run."""
-    for name, value in {**TINY, "RUN_DIR": str(run_dir)}.items():
+    run_dir = os.fspath(run_dir)
+    for name, value in {**TINY, "RUN_DIR": run_dir, "BUNDLES_DIR": os.path.join(run_dir, "bundles")}.items():
         os.environ.setdefault(PREFIX + name, value)

@@ -15,9 +15,13 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any, TypedDict
 
-import torch
-from transformers.utils import get_json_schema
-from trl.chat_template_utils import add_response_schema, parse_response
+from .stack import import_unsloth
+
+import_unsloth()  # before trl, so Unsloth patches it first
+
+import torch  # noqa: E402
+from transformers.utils import get_json_schema  # noqa: E402
+from trl.chat_template_utils import add_response_schema, parse_response  # noqa: E402
 
 
 class Rollout(TypedDict):
@@ -37,28 +41,32 @@ def tool_methods(environment: Any) -> list[Callable]:
             if not name.startswith("_") and name not in ("reset", "get_reward")]
 
 
+# Environments by class, made once and reset for every rollout, as TRL pools them: each may hold a server session.
+_POOLS: dict[type, list[Any]] = {}
+
+
 def play(model: Any, tokenizer: Any, factory: Callable | dict[str, Callable], rows: Iterable[dict], *,
          max_tool_calling_iterations: int = 2, max_new_tokens: int = 256, temperature: float = 0.0,
          batch_size: int = 8, chat_template_kwargs: dict | None = None) -> list[Rollout]:
     """Play every row's task with ``model``, ``batch_size`` rollouts at a time (greedy at temperature 0)."""
     tokenizer = tokenizer if getattr(tokenizer, "response_schema", None) else add_response_schema(tokenizer)
     template_kwargs = {"enable_thinking": False, **(chat_template_kwargs or {})}
-    pool: dict[str | None, list[Any]] = {}
     rows, rollouts = list(rows), []
     for start in range(0, len(rows), batch_size):
         batch = rows[start:start + batch_size]
-        taken: dict[str | None, int] = {}
-        environments = []
-        for row in batch:
-            name = row.get("environment") if isinstance(factory, dict) else None
-            spares = pool.setdefault(name, [])
-            if taken.get(name, 0) == len(spares):
-                spares.append((factory[name] if isinstance(factory, dict) else factory)())
-            environments.append(spares[taken.get(name, 0)])
-            taken[name] = taken.get(name, 0) + 1
+        classes = [factory[row["environment"]] if isinstance(factory, dict) else factory for row in batch]
+        environments = [environment_for(cls, classes[:i].count(cls)) for i, cls in enumerate(classes)]
         rollouts += _play_batch(model, tokenizer, environments, batch, max_tool_calling_iterations,
                                 dict(max_new_tokens=max_new_tokens, temperature=temperature), template_kwargs)
     return rollouts
+
+
+def environment_for(cls: Callable, slot: int) -> Any:
+    """The ``slot``-th pooled environment of ``cls``, made when the pool is smaller."""
+    pool = _POOLS.setdefault(cls, [])
+    while len(pool) <= slot:
+        pool.append(cls())
+    return pool[slot]
 
 
 def _play_batch(model, tokenizer, environments, rows, iterations, sampling, template_kwargs) -> list[Rollout]:

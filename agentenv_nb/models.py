@@ -1,0 +1,51 @@
+"""Load a model for a preset through Unsloth (its GPU path, or its CPU path for the tiny model), and save a
+warm start as both a LoRA adapter and a merged 16-bit model for the next notebook.
+
+    model, tokenizer = load_model("unsloth/Qwen3-4B", "24gb")           # 4-bit, LoRA attached
+    merged = save_warm_start(model, tokenizer, "runs/gridsim/sft")       # sft/adapter, sft/merged
+    model, tokenizer = load_model("tiny", "cpu-tiny", corpus=texts)      # the offline tiny model
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from . import presets
+from .stack import import_unsloth
+
+TINY = "tiny"
+
+
+def corpus(conversations: Iterable[dict]) -> list[str]:
+    """Texts the tiny tokenizer learns its merges from: conversations (``messages`` and ``tools``, as rollouts
+    and demonstrations hold them) written as JSON, numbers, tool calls and all."""
+    return [json.dumps({"messages": c["messages"], "tools": c["tools"]}) for c in conversations]
+
+
+def load_model(name: str, preset: str, *, corpus: Iterable[str] = (), lora: bool = True,
+               tiny_dir: str | Path = "models/tiny-qwen3"):
+    """``name`` (a Hub id, a folder, or "tiny", built at ``tiny_dir`` from ``corpus``) loaded as ``preset``
+    says, with LoRA on every linear layer unless ``lora`` is False; returns (model, tokenizer)."""
+    import_unsloth()
+    from unsloth import FastLanguageModel
+
+    if name == TINY:
+        from .tiny import build_tiny_model
+
+        name = build_tiny_model(tiny_dir, corpus_texts=corpus)
+    model, tokenizer = FastLanguageModel.from_pretrained(**presets.model_kwargs(preset, name))
+    if lora:
+        model = FastLanguageModel.get_peft_model(model, **presets.peft_kwargs(preset))
+    return model, tokenizer
+
+
+def save_warm_start(model, tokenizer, folder: str | Path) -> str:
+    """Save the LoRA adapter to ``folder/adapter`` and the merged 16-bit model to ``folder/merged``, which GRPO
+    loads (in 4-bit again on a 24 GB GPU); returns the merged model's folder."""
+    folder = Path(folder)
+    model.save_pretrained(folder / "adapter")
+    tokenizer.save_pretrained(folder / "adapter")
+    model.save_pretrained_merged(str(folder / "merged"), tokenizer, save_method="merged_16bit")
+    return str(folder / "merged")

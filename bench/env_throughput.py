@@ -1,0 +1,240 @@
+"""Env throughput over the OpenEnv WebSocket: the kit's ``process`` sandbox against plain process-per-episode and the
+framework's floor, at 1, 8 and 32 concurrent sessions, in one run.
+
+    /work/venv/bin/python bench/env_throughput.py                 # prints a markdown table
+    /work/venv/bin/python bench/env_throughput.py --write-docs    # and writes it to docs/benchmarks.md
+
+Each path is a server of its own (``build_app(bundle, sandbox="process")`` under uvicorn, in a subprocess) serving one
+bundle written from the framework's echo-mcp example:
+
+- ``kit``: the echo task (deploy_env, deploy_agent, prompt_agent, env_outcome_verifier) with the warm pool on;
+- ``plain``: the same task with ``AGENTENV_NB_ENV_POOL=0``, a fresh interpreter started per episode;
+- ``floor``: a task of the same shape that deploys no env (deploy_agent, prompt_agent, a response verifier).
+
+A session holds one WebSocket and plays episodes back to back: reset, call ``echo`` (the kit and plain paths),
+``end_turn``. Reset is the time from sending the reset to its observation; an episode from the reset to the scored
+``end_turn``; episodes/s is all sessions' episodes over the wall time. Paths take turns at each concurrency, so a
+load that comes and goes on the machine falls on all three.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import websockets
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs" / "benchmarks.md"
+HEADING = "## Env throughput (issue 2)"
+PATHS = {"kit": ("echo", None), "plain": ("echo", "0"), "floor": ("floor", None)}  # task, AGENTENV_NB_ENV_POOL
+TEXT = "hello from agent-env"  # what the example's verifier sends through the echo tool
+ECHO_TASK = [
+    {"id": "env", "type": "deploy_env", "env_id": "echo"},
+    {"id": "agent", "type": "deploy_agent", "agent_name": "player", "env_ids": ["echo"]},
+    {"id": "turn", "type": "prompt_agent", "agent_name": "player", "prompt": f"Echo {TEXT!r}.",
+     "poll_interval_seconds": 0.1},
+    {"id": "echoes", "type": "env_outcome_verifier", "env_id": "echo", "file_artifact_id": "check_echo",
+     "verifier_id": "echoes"},
+]
+FLOOR_TASK = [
+    {"id": "agent", "type": "deploy_agent", "agent_name": "player", "env_ids": []},
+    {"id": "turn", "type": "prompt_agent", "agent_name": "player", "prompt": "Say done.", "prompt_id": "turn",
+     "poll_interval_seconds": 0.1},
+    {"id": "said", "type": "agent_prompt_response_verifier", "prompt_id": "turn", "verifier_id": "said",
+     "criteria": [{"type": "response_contains", "needles": ["done"]}]},
+]
+
+
+def write_bundle(root: Path) -> Path:
+    """The framework's echo-mcp example, its env deployed as one server, with the echo and floor tasks."""
+    import agent_env
+
+    shutil.copytree(Path(agent_env.__file__).parent / "examples" / "echo-mcp", root,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "envs" / "echo" / "env.toml").write_text('env_provider_type = "server"\n')
+    (root / "tasks" / "smoke.json").unlink()
+    (root / "tasks" / "echo.json").write_text(json.dumps(ECHO_TASK))
+    (root / "tasks" / "floor.json").write_text(json.dumps(FLOOR_TASK))
+    return root
+
+
+def serve(bundle: str, port: int, capacity: int) -> None:
+    """Run one path's server until it's killed (the subprocess side)."""
+    import uvicorn
+    from agent_env.openenv import build_app
+
+    app = build_app(bundle, sandbox="process", max_concurrent_envs=capacity)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+class Server:
+    """A path's server in a subprocess, with a working folder and a framework store (XDG_STATE_HOME) of its own."""
+
+    def __init__(self, name: str, bundle: Path, work: Path, capacity: int, pool: str | None, lazy_tls: bool):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        # A store of its own, as a fresh machine has: the shared one's history slows every episode (see the docs).
+        env = {**os.environ, "AGENTENV_NB_WORK_DIR": str(work / f"{name}-envs"), "XDG_STATE_HOME": str(work / name)}
+        if pool is not None:
+            env["AGENTENV_NB_ENV_POOL"] = pool
+        if lazy_tls:  # httpx then loads CA certificates on demand, not a whole bundle for each client it makes
+            env.pop("SSL_CERT_FILE", None)
+            env["SSL_CERT_DIR"] = "/etc/ssl/certs"
+        (work / name).mkdir()
+        self.log = open(work / f"{name}.log", "w")
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--serve", str(bundle), "--port", str(self.port), "--capacity", str(capacity)],
+            cwd=work / name, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.url = f"ws://127.0.0.1:{self.port}/ws"
+
+    def wait(self, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"a server exited; see {self.log.name}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise TimeoutError(f"a server didn't start; see {self.log.name}")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.log.close()
+
+
+async def session(url: str, index: int, episodes: int, echo: bool, results: list) -> None:
+    """Play ``episodes`` episodes of task ``index`` on one WebSocket, appending (reset s, episode s, reward)."""
+    async with websockets.connect(url, max_size=None, open_timeout=60) as ws:
+        for _ in range(episodes):
+            started = time.perf_counter()
+            opened = await exchange(ws, {"type": "reset", "data": {"split": "all", "index": index}})
+            reset_s = time.perf_counter() - started
+            if opened["data"]["done"]:
+                raise RuntimeError(f"reset failed: {opened['data']['observation']['metadata']}")
+            if echo:
+                await exchange(ws, step("echo", text=TEXT))
+            ended = await exchange(ws, step("end_turn", response="done"))
+            results.append((reset_s, time.perf_counter() - started, ended["data"]["reward"]))
+
+
+def step(tool: str, **arguments) -> dict:
+    return {"type": "step", "data": {"type": "call_tool", "tool_name": tool, "arguments": arguments}}
+
+
+async def exchange(ws, message: dict) -> dict:
+    await ws.send(json.dumps(message))
+    return json.loads(await ws.recv())
+
+
+async def measure(url: str, index: int, echo: bool, sessions: int, episodes: int) -> dict:
+    results: list = []
+    started = time.perf_counter()
+    await asyncio.gather(*(session(url, index, episodes, echo, results) for _ in range(sessions)))
+    wall = time.perf_counter() - started
+    resets = sorted(r for r, _, _ in results)
+    return {"reset_p50": statistics.median(resets), "reset_p95": resets[min(len(resets) - 1, int(0.95 * len(resets)))],
+            "episode_p50": statistics.median(e for _, e, _ in results), "eps": len(results) / wall,
+            "scored": sum(reward == 1.0 for _, _, reward in results) / len(results), "n": len(results)}
+
+
+def table(rows: dict) -> str:
+    lines = ["| sessions | path | reset p50 (s) | reset p95 (s) | episode p50 (s) | episodes/s | scored 1.0 | "
+             "episodes |", "|---|---|---|---|---|---|---|---|"]
+    for (sessions, path), row in rows.items():
+        lines.append(f"| {sessions} | {path} | {row['reset_p50']:.3f} | {row['reset_p95']:.3f} | "
+                     f"{row['episode_p50']:.3f} | {row['eps']:.2f} | {row['scored']:.0%} | {row['n']} |")
+    lines += ["", "| sessions | kit reset p50 / floor | plain reset p50 / kit | kit episodes/s / floor |",
+              "|---|---|---|---|"]
+    for sessions in sorted({s for s, _ in rows}):
+        kit, plain, floor = (rows[(sessions, path)] for path in ("kit", "plain", "floor"))
+        lines.append(f"| {sessions} | {kit['reset_p50'] / floor['reset_p50']:.2f}x | "
+                     f"{plain['reset_p50'] / kit['reset_p50']:.1f}x | {kit['eps'] / floor['eps']:.2f}x |")
+    return "\n".join(lines)
+
+
+def write_docs(section: str) -> None:
+    """Put ``section`` under HEADING in docs/benchmarks.md, leaving every other section as it is."""
+    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
+    start = text.find(HEADING)
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = text.find("\n## ", start + len(HEADING))
+        text = text[:start] + section + ("" if end < 0 else text[end:])
+    DOCS.parent.mkdir(parents=True, exist_ok=True)
+    DOCS.write_text(text.rstrip("\n") + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--episodes", type=int, default=64, help="episodes per path and concurrency (at least one a "
+                                                                 "session)")
+    parser.add_argument("--lazy-tls", action="store_true",
+                        help="serve every path with SSL_CERT_DIR=/etc/ssl/certs and no SSL_CERT_FILE")
+    parser.add_argument("--write-docs", action="store_true", help=f"write the table under {HEADING!r} in {DOCS}")
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--capacity", type=int, default=64, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        return serve(args.serve, args.port, args.capacity)
+    command = " ".join(["/work/venv/bin/python", "bench/env_throughput.py", *sys.argv[1:]])
+    work = Path(tempfile.mkdtemp(prefix="env-throughput-"))
+    bundle = write_bundle(work / "bundle")
+    capacity = max(args.sessions)
+    servers = {name: Server(name, bundle, work, capacity, pool, args.lazy_tls) for name, (_, pool) in PATHS.items()}
+    rows = {}
+    try:
+        for server in servers.values():
+            server.wait()
+        for name, server in servers.items():  # each path's first episode: the server's and the pool's start-up
+            asyncio.run(measure(server.url, index_of(name), name != "floor", 1, 1))
+        for sessions in args.sessions:
+            for name, server in servers.items():
+                episodes = max(1, args.episodes // sessions)
+                rows[(sessions, name)] = asyncio.run(
+                    measure(server.url, index_of(name), name != "floor", sessions, episodes))
+                print(f"{sessions} sessions, {name}: {rows[(sessions, name)]}", file=sys.stderr)
+    finally:
+        for server in servers.values():
+            server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    pool = os.environ.get("AGENTENV_NB_ENV_POOL", "8")
+    tls = ("TLS contexts lazy (SSL_CERT_DIR only)" if args.lazy_tls or not os.environ.get("SSL_CERT_FILE")
+           else "SSL_CERT_FILE set")
+    section = (f"{HEADING}\n\n`{command}` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, "
+               f"load average {load} after the run, kit pool {pool}, {tls}. One run; medians and ratios are "
+               f"its own.\n\n{table(rows)}\n")
+    print(section)
+    if args.write_docs:
+        write_docs(section)
+
+
+def index_of(path: str) -> int:
+    """The task's index in the split ``all``, whose tasks are in name order: echo, floor."""
+    return ["echo", "floor"].index(PATHS[path][0])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""``AgentEnv`` against real agent_env servers on loopback: its dataset, its factory's classes and what TRL 1.15
+reads of them, multi-turn tasks and ``reward=``, unscored rollouts, the pre-training check, and GRPO on CPU with
+a tiny Qwen3-format model: a dict factory over two bundles, and GridSim's tools called by a model taught to.
+
+Bundles here deploy no env unless they are GridSim's, whose env runs as a process (sandbox "process").
+"""
+
+import json
+import logging
+
+import pytest
+from test_sessions import tiny_model  # noqa: F401 (a fixture)
+from test_sessions import grpo, one_turn_task, step_logs, turn, verifier, warnings, write_bundle
+
+from agentenv_nb import AgentEnv
+from agentenv_nb.checks import CheckFailed
+from agentenv_nb.trainer_hooks import read_plain_text_replies
+
+
+def two_turn_task() -> list[dict]:
+    """Says hello, then bye; a verifier a turn, so its reward needs ``reward=``."""
+    return [{"id": "deploy", "type": "deploy_agent", "agent_name": "player", "system_prompt": "Use end_turn."},
+            turn("hello", "Say hello.", "deploy"), turn("bye", "Say bye.", "hello"),
+            verifier("greets", "hello", "bye", ("response_contains", "hello", 1)),
+            verifier("parts", "bye", "bye", ("response_contains", "bye", 3), ("response_regex_present", "!$", 1))]
+
+
+def mean(scores: dict[str, float]) -> float:
+    return sum(scores.values()) / len(scores)
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bundles")
+    quiz = {f"q{i}": one_turn_task(str(40 + i)) for i in range(1, 4)}
+    return {"quiz": write_bundle(root / "quiz", quiz, {"train": ["q1", "q2"], "eval": ["q3"]}),
+            "chat": write_bundle(root / "chat", {"talk": two_turn_task(), "once": one_turn_task("7")},
+                                 {"train": ["talk", "once"]})}
+
+
+@pytest.fixture(scope="module")
+def quiz(bundles):
+    with AgentEnv.local(bundles["quiz"], max_concurrent_envs=8, patience=1) as env:
+        yield env
+
+
+@pytest.fixture(scope="module")
+def qwen3_tokenizer(tiny_model):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+@pytest.fixture(scope="module")
+def gridsim(tmp_path_factory):
+    """A GridSim bundle of four train days and two eval days, its env a process (no Docker)."""
+    from agentenv_nb.gridsim import write_bundle as write_gridsim
+
+    bundle = write_gridsim(tmp_path_factory.mktemp("gridsim") / "gridsim-tiny", train=4, eval=2)
+    with AgentEnv.local(bundle, sandbox="process", max_concurrent_envs=8) as env:
+        yield env
+
+
+def test_the_dataset_is_the_splits_tasks_as_chat_prompts(quiz):
+    rows = quiz.dataset.to_list()
+    assert [row["index"] for row in rows] == [0, 1] and {row["split"] for row in rows} == {"train"}
+    assert rows[0]["prompt"] == [{"role": "system", "content": "Answer with end_turn."},
+                                 {"role": "user", "content": "Say 41."}]
+    assert rows[0]["task_id"].endswith("/q1") and rows[0]["environment"] == "quiz"
+    assert quiz.dataset_for("eval")["task_id"][0].endswith("/q3")
+    with pytest.raises(ValueError, match="serves no split 'test'; it serves all, eval, train"):
+        quiz.dataset_for("test")
+
+
+def test_the_factory_is_a_class_named_after_the_bundle_whose_methods_trl_reads(quiz):
+    from transformers.utils import get_json_schema
+
+    Quiz = quiz.factory
+    assert Quiz.__name__ == "quiz"  # TRL logs rewards/quiz/mean
+    schema = get_json_schema(Quiz().end_turn)["function"]
+    assert schema["name"] == "end_turn" and schema["parameters"]["properties"]["response"]["type"] == "string"
+
+
+def test_an_episode_plays_and_scores_and_a_failed_one_is_unscored(quiz, caplog):
+    with quiz.factory() as play:  # outside a trainer: the with block closes its session
+        assert play.reset(**quiz.dataset[0]) is None  # the prompt is the row's; the task starts in the background
+        assert play.end_turn(response="41, done") == "The episode has ended."
+        assert play.get_reward() == 1.0
+        play.reset(**quiz.dataset[1])
+        assert play.get_reward() == 0.0  # never ended its turn: the task got an empty reply
+        play.reset(**quiz.dataset[1])
+        read_plain_text_replies([[{"role": "assistant", "content": "It is 42"}]], environments=[play])
+        assert play.get_reward() == 1.0  # the plain-text reply ended the turn
+        with caplog.at_level(logging.WARNING):
+            play.reset(split="train", index=9)
+            assert play.get_reward() is None
+    assert "rollout left unscored: reset: split 'train' has 2 tasks, so it has no task 9" in warnings(caplog)
+
+
+def test_the_first_reset_raises_when_the_server_has_no_room(bundles):
+    from agentenv_nb.session import CapacityError
+
+    with AgentEnv.local(bundles["quiz"], max_concurrent_envs=1) as env, env.factory() as first:
+        first.reset(**env.dataset[0])
+        with pytest.raises(CapacityError, match="raise max_concurrent_envs"):
+            env.factory().reset(**env.dataset[0])
+
+
+def test_two_turns_two_verifiers_and_reward_their_mean(bundles):
+    with AgentEnv.local(bundles["chat"], reward=mean) as env:
+        talk = env.factory()
+        talk.reset(**env.dataset[0])
+        assert talk.end_turn(response="hello there") == "Say bye."  # the next turn's prompt
+        assert talk.end_turn(response="bye") == "The episode has ended."
+        assert talk.get_reward() == pytest.approx((1.0 + 0.75) / 2)
+        by_step = AgentEnv(env.url, reward="parts")  # reward= on the client, against the server's scores
+        talk = by_step.factory()
+        talk.reset(**by_step.dataset[0])
+        talk.end_turn(response="hello")
+        talk.end_turn(response="bye!")
+        assert talk.get_reward() == 1.0
+        by_step.close()
+
+
+def test_the_check_passes_a_good_setup_and_says_how_to_fix_a_bad_one(quiz, qwen3_tokenizer):
+    import copy
+
+    quiz.check(qwen3_tokenizer)
+    plain = copy.copy(qwen3_tokenizer)
+    plain.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    with pytest.raises(CheckFailed) as failed:
+        quiz.check(plain, quiz.dataset.remove_columns(["split"]))
+    assert "tokenizer.chat_template = trl.chat_template_utils.qwen3_chat_template" in str(failed.value)
+    assert "keep its split and index columns" in str(failed.value)
+
+
+def test_the_check_names_tool_parameters_trl_cannot_offer():
+    from agentenv_nb.checks import tool_problems
+    from agentenv_nb.tools import tool_method
+
+    tool = {"name": "book", "description": "Book a trip.", "input_schema": {"type": "object", "required": ["from"],
+            "properties": {"from": {"type": "string"}, "to": {"type": "string", "description": "Where to."}}}}
+    trips = type("trips", (), {"_tools": (tool,), "book": tool_method(tool)})
+    [problem] = tool_problems({"trips": trips})  # "to" reads back as the server describes it
+    assert "tool 'book' of 'trips': parameters ['from'] aren't Python names" in problem
+    assert "rename them in the env's tool" in problem
+
+
+def test_a_dict_factory_trains_two_bundles_mixed_in_one_dataset(bundles, quiz, tiny_model, tmp_path):
+    from datasets import concatenate_datasets
+
+    with AgentEnv.local(bundles["chat"], reward=mean) as chat:
+        rows = concatenate_datasets([quiz.dataset.select([0]), chat.dataset.select([0])])  # one task of each
+        trainer = grpo(tiny_model, tmp_path, dataset=rows, factory={**quiz.factories, **chat.factories}, steps=1,
+                       per_device_train_batch_size=4,
+                       reward_funcs=[read_plain_text_replies], callbacks=[quiz.metrics, chat.metrics])
+        trainer.train()
+    [log] = step_logs(trainer, "rewards/quiz/mean")
+    for key in ("rewards/quiz/mean", "rewards/chat/mean", "scores/quiz/check/mean", "scores/chat/greets/mean",
+                "scores/chat/parts/mean"):
+        assert log[key] is not None, key  # each bundle's rows went to its own class
+
+
+def test_gridsims_tools_are_methods_that_play_a_day(gridsim):
+    from agentenv_nb.environment import ToolFailed
+
+    play = gridsim.factory()
+    assert type(play).__name__ == "gridsim-tiny"
+    play.reset(**gridsim.dataset[0])
+    assert len(json.loads(play.get_prices())) == 24
+    with pytest.raises(ToolFailed, match="schedule"):
+        play.submit_schedule(schedule="idle")  # the server's validation error, which TRL hands the model
+    assert play.submit_schedule(schedule=[0] * 24).startswith("schedule accepted")
+    assert play.get_reward() == pytest.approx(0.2)  # idling all day
+
+
+def test_toolsets_each_makes_a_class_per_toolset(tmp_path):
+    from agentenv_nb.gridsim import write_bundle as write_gridsim
+
+    bundle = write_gridsim(tmp_path / "mixed", train=1, eval=1)
+    (bundle / "tasks" / "quiz.json").write_text(json.dumps(one_turn_task("42")))
+    (bundle / "evals" / "train.toml").write_text('tasks = ["train-0000", "quiz"]\n')
+    with AgentEnv.local(bundle, sandbox="process", toolsets="each") as env:
+        factory = env.factory
+        assert isinstance(factory, dict) and len(factory) == 2
+        by_task = dict(zip(env.dataset["task_id"], env.dataset["environment"], strict=True))
+        quiz_class = factory[next(name for task, name in by_task.items() if task.endswith("/quiz"))]
+        assert not hasattr(quiz_class, "get_prices") and hasattr(quiz_class, "end_turn")
+
+
+@pytest.mark.slow
+def test_grpo_calls_gridsims_tools_evaluates_logs_scores_and_trains_lora(gridsim, tiny_model, tmp_path):
+    """The random tiny model is taught to call a tool at decode time: ``sequence_bias`` makes a rollout that
+    samples ``<tool_call>`` (half of them, about) write a whole submit_schedule call of an idle day, which
+    scores 0.2 where a rollout without it scores 0, so the groups' rewards differ and LoRA learns."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    gridsim.check(tokenizer)
+    schedule = ", ".join(["0"] * 24)
+    call = f'<tool_call>\n{{"name": "submit_schedule", "arguments": {{"schedule": [{schedule}]}}}}\n</tool_call>'
+    ids = [*tokenizer.encode(call, add_special_tokens=False), tokenizer.eos_token_id]
+    bias = [[ids[:1], 3.0]] + [[ids[:k], 50.0] for k in range(2, len(ids) + 1)]
+    trainer = grpo(tiny_model, tmp_path, dataset=gridsim.dataset, eval_dataset=gridsim.dataset_for("eval"),
+                   factory=gridsim.factory, steps=1, callbacks=[gridsim.metrics], per_device_train_batch_size=4,
+                   num_generations=4, max_completion_length=len(ids) + 30, max_tool_calling_iterations=1,
+                   generation_kwargs={"sequence_bias": bias}, eval_strategy="steps", eval_steps=1,
+                   per_device_eval_batch_size=2, num_generations_eval=1)
+    lora = {name: p.detach().clone() for name, p in trainer.model.named_parameters() if "lora_" in name}
+    trainer.train()
+    [log] = step_logs(trainer, "tools/call_frequency")
+    assert log["tools/call_frequency"] > 0 and log["tools/failure_frequency"] == 0  # parsed, and run on the env
+    assert log["rewards/gridsim-tiny/mean"] is not None and log["reward_std"] > 0
+    assert log["scores/gridsim-tiny/schedule/mean"] == pytest.approx(log["rewards/gridsim-tiny/mean"])
+    [evaluated] = step_logs(trainer, "eval_rewards/gridsim-tiny/mean")
+    assert evaluated["eval_scores/gridsim-tiny/unscored"] == 0.0
+    assert any(not p.equal(lora[name]) for name, p in trainer.model.named_parameters() if "lora_" in name)

@@ -1,0 +1,106 @@
+"""The env host on loopback: ``python -m agentenv_nb.serve`` as its own process, ``AgentEnv(url)`` from this one,
+the preflight against it, and one GRPO step of the tiny model whose rollouts play GridSim through it.
+
+The server runs the envs with the ``process`` sandbox, as a notebook host without Docker or Modal would.
+"""
+
+import copy
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def env_host(tmp_path_factory):
+    """A GridSim bundle (4 train days, 2 eval) served by the serve command on a free loopback port; its URL."""
+    from agentenv_nb import gridsim
+
+    root = tmp_path_factory.mktemp("env-host")
+    bundle = gridsim.write_bundle(root / "gridsim-tiny", train=4, eval=2)
+    port = _free_port()
+    log = open(root / "serve.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "agentenv_nb.serve", str(bundle), "--host", "127.0.0.1", "--port", str(port),
+         "--sandbox", "process", "--max-concurrent-envs", "8"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # its own group: its env processes go with it
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    try:
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None, (root / "serve.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the serve command didn't answer /health within 180 s"
+            time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(10)
+        log.close()
+
+
+def test_preflight_sees_the_served_splits(env_host):
+    from agentenv_nb.preflight import check_server
+
+    [row] = check_server(env_host, "train")
+    assert row["status"] == "ok" and "4 tasks" in row["detail"]
+    [row] = check_server(env_host, "validation")
+    assert row["status"] == "fail" and "all, eval, train" in row["detail"]
+
+
+def test_a_grpo_step_through_agentenv_url(env_host, tmp_path):
+    from agentenv_nb.stack import import_unsloth
+
+    import_unsloth()
+    from trl import GRPOTrainer
+    from unsloth import FastLanguageModel
+
+    from agentenv_nb import gridsim, presets
+    from agentenv_nb.client import AgentEnv
+    from agentenv_nb.preflight import capacity_warning, check_tools, preflight
+    from agentenv_nb.tiny import build_tiny_model
+
+    base = build_tiny_model(tmp_path / "tiny", corpus_texts=[gridsim.generate.SYSTEM_PROMPT])
+    model, tokenizer = FastLanguageModel.from_pretrained(**presets.model_kwargs("cpu-tiny", base))
+    model = FastLanguageModel.get_peft_model(model, **presets.peft_kwargs("cpu-tiny"))
+    config = presets.grpo_config("cpu-tiny", output_dir=str(tmp_path / "grpo"), max_steps=1, eval_strategy="no",
+                                 eval_on_start=False)
+    with AgentEnv(env_host, split="train") as env:
+        table = preflight("cpu-tiny", env=env, split="train", tokenizer=tokenizer, trainer_args=config,
+                          max_concurrent_envs=8, show=False)
+        # Import order depends on what else this pytest process ran first; a fresh process tests it.
+        assert (table[table.check != "import order"].status == "ok").all(), table.to_string()
+        bare = copy.copy(tokenizer)
+        bare.chat_template = None
+        [row] = check_tools(env, bare)
+        assert row["status"] == "fail" and "no chat template" in row["detail"] and "qwen3_chat_template" in row["fix"]
+        assert capacity_warning(config, 8) is None  # 8 rollouts a step, 8 sessions served
+        trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=config, train_dataset=env.dataset,
+                              environment_factory=env.factory)
+        trainer.train()
+    [logged] = [log for log in trainer.state.log_history if "loss" in log]
+    rewards = [value for key, value in logged.items() if key.startswith("rewards/") and key.endswith("/mean")]
+    assert rewards and all(math.isfinite(value) for value in rewards), logged  # scored by the server's verifier
+    assert "tools/call_frequency" in logged
