@@ -71,9 +71,10 @@ def top_fraction(rollouts: Iterable[Rollout], fraction: float, seed: int = 0) ->
 
 def sft_dataset(rollouts: Iterable[Rollout]) -> Dataset:
     """A conversational SFT set (``messages`` and ``tools`` columns, as TRL's SFTTrainer reads them). Tool-call
-    arguments are kept as JSON text, which the chat template writes as is: Arrow would otherwise merge every
-    call's arguments into one struct and hand each call the others' keys as nulls."""
-    rows = [{"messages": [_arguments_as_text(m) for m in r["messages"]], "tools": r["tools"]} for r in rollouts]
+    arguments and the tools are kept as JSON text, which the chat template and TRL read as is: Arrow would
+    otherwise merge them into one struct each and hand every call and schema the others' keys as nulls."""
+    rows = [{"messages": [_arguments_as_text(m) for m in r["messages"]], "tools": json.dumps(r["tools"])}
+            for r in rollouts]
     if not rows:
         raise ValueError("no rollouts to learn from: none was kept (check the rewards, or keep a larger fraction)")
     return Dataset.from_list(rows)

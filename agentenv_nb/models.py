@@ -24,10 +24,11 @@ def corpus(conversations: Iterable[dict]) -> list[str]:
     return [json.dumps({"messages": c["messages"], "tools": c["tools"]}) for c in conversations]
 
 
-def load_model(name: str, preset: str, *, corpus: Iterable[str] = (), lora: bool = True,
+def load_model(name: str, preset: str, stage: str = "grpo", *, corpus: Iterable[str] = (),
                tiny_dir: str | Path = "models/tiny-qwen3"):
     """``name`` (a Hub id, a folder, or "tiny", built at ``tiny_dir`` from ``corpus``) loaded as ``preset``
-    says, with LoRA on every linear layer unless ``lora`` is False; returns (model, tokenizer)."""
+    says for ``stage`` ("sft" or "grpo"): with LoRA on every linear layer, or every weight trainable where the
+    preset fine-tunes in full; returns (model, tokenizer)."""
     import_unsloth()
     from unsloth import FastLanguageModel
 
@@ -35,16 +36,22 @@ def load_model(name: str, preset: str, *, corpus: Iterable[str] = (), lora: bool
         from .tiny import build_tiny_model
 
         name = build_tiny_model(tiny_dir, corpus_texts=corpus)
-    model, tokenizer = FastLanguageModel.from_pretrained(**presets.model_kwargs(preset, name))
-    if lora:
+    full = presets.full_finetuning(preset, stage)
+    model, tokenizer = FastLanguageModel.from_pretrained(**presets.model_kwargs(preset, name), full_finetuning=full)
+    if not full:
         model = FastLanguageModel.get_peft_model(model, **presets.peft_kwargs(preset))
     return model, tokenizer
 
 
 def save_warm_start(model, tokenizer, folder: str | Path) -> str:
     """Save the LoRA adapter to ``folder/adapter`` and the merged 16-bit model to ``folder/merged``, which GRPO
-    loads (in 4-bit again on a 24 GB GPU); returns the merged model's folder."""
+    loads (in 4-bit again on a 24 GB GPU); a fully fine-tuned model has no adapter, only ``merged``. Returns the
+    merged model's folder."""
     folder = Path(folder)
+    if not hasattr(model, "peft_config"):
+        model.save_pretrained(folder / "merged")
+        tokenizer.save_pretrained(folder / "merged")
+        return str(folder / "merged")
     model.save_pretrained(folder / "adapter")
     tokenizer.save_pretrained(folder / "adapter")
     model.save_pretrained_merged(str(folder / "merged"), tokenizer, save_method="merged_16bit")

@@ -77,6 +77,13 @@ def model_kwargs(preset: str, model_name: str, **overrides: Any) -> dict:
     return {**kwargs, **overrides}
 
 
+def full_finetuning(preset: str, stage: str) -> bool:
+    """Whether ``stage`` ("sft" or "grpo") trains every weight rather than LoRA: only the tiny model's SFT, since
+    LoRA over a random model's frozen embeddings can't teach it to write a tool call."""
+    _check_preset(preset)
+    return preset == "cpu-tiny" and stage == "sft"
+
+
 def peft_kwargs(preset: str, **overrides: Any) -> dict:
     """Keyword arguments for ``FastLanguageModel.get_peft_model``: LoRA r32/alpha64 on every linear layer."""
     _check_preset(preset)

@@ -21,7 +21,7 @@ import_unsloth()  # before trl, so Unsloth patches it first
 
 import torch  # noqa: E402
 from transformers.utils import get_json_schema  # noqa: E402
-from trl.chat_template_utils import add_response_schema, parse_response  # noqa: E402
+from trl.chat_template_utils import add_response_schema, get_training_chat_template, parse_response  # noqa: E402
 
 
 class Rollout(TypedDict):
@@ -50,14 +50,21 @@ def play(model: Any, tokenizer: Any, factory: Callable | dict[str, Callable], ro
          batch_size: int = 8, chat_template_kwargs: dict | None = None) -> list[Rollout]:
     """Play every row's task with ``model``, ``batch_size`` rollouts at a time (greedy at temperature 0)."""
     tokenizer = tokenizer if getattr(tokenizer, "response_schema", None) else add_response_schema(tokenizer)
-    template_kwargs = {"enable_thinking": False, **(chat_template_kwargs or {})}
-    rows, rollouts = list(rows), []
-    for start in range(0, len(rows), batch_size):
-        batch = rows[start:start + batch_size]
-        classes = [factory[row["environment"]] if isinstance(factory, dict) else factory for row in batch]
-        environments = [environment_for(cls, classes[:i].count(cls)) for i, cls in enumerate(classes)]
-        rollouts += _play_batch(model, tokenizer, environments, batch, max_tool_calling_iterations,
-                                dict(max_new_tokens=max_new_tokens, temperature=temperature), template_kwargs)
+    # Rendered as TRL's trainers render a conversation (its prefix-preserving training template, where it has one),
+    # so a model sees here what it was fine-tuned on and what GRPO will show it.
+    template_kwargs = {"enable_thinking": False, "chat_template": get_training_chat_template(tokenizer),
+                       **(chat_template_kwargs or {})}
+    rows, rollouts, training = list(rows), [], model.training
+    model.eval()  # generation with the KV cache, which gradient checkpointing turns off while training
+    try:
+        for start in range(0, len(rows), batch_size):
+            batch = rows[start:start + batch_size]
+            classes = [factory[row["environment"]] if isinstance(factory, dict) else factory for row in batch]
+            environments = [environment_for(cls, classes[:i].count(cls)) for i, cls in enumerate(classes)]
+            rollouts += _play_batch(model, tokenizer, environments, batch, max_tool_calling_iterations,
+                                    dict(max_new_tokens=max_new_tokens, temperature=temperature), template_kwargs)
+    finally:
+        model.train(training)
     return rollouts
 
 
@@ -111,9 +118,12 @@ def _generate(model, tokenizer, rollouts, sampling, template_kwargs) -> list[dic
         output = model.generate(**inputs, max_new_tokens=sampling["max_new_tokens"], do_sample=not greedy,
                                 temperature=None if greedy else sampling["temperature"],
                                 pad_token_id=tokenizer.pad_token_id)
-    new = output[:, inputs["input_ids"].shape[1]:].tolist()
+    width = inputs["input_ids"].shape[1]
     stops = {tokenizer.pad_token_id, tokenizer.eos_token_id}
-    return [parse_response(tokenizer, _until_stop(ids, stops)) for ids in new]
+    prompts_ids = [[i for i, keep in zip(ids, mask) if keep]  # without the left padding
+                   for ids, mask in zip(inputs["input_ids"].tolist(), inputs["attention_mask"].tolist())]
+    return [parse_response(tokenizer, _until_stop(ids, stops), prefix=prefix)
+            for ids, prefix in zip(output[:, width:].tolist(), prompts_ids)]
 
 
 def _until_stop(ids: list[int], stops: set[int]) -> list[int]:

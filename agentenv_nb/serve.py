@@ -14,6 +14,7 @@ AGENTENV_NB_MAX_CONCURRENT_ENVS when set.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import threading
 import time
@@ -29,6 +30,9 @@ Reward = str | Callable[[dict[str, float]], float] | None
 def build(bundle: str | Path, *, sandbox: str | None = None, max_concurrent_envs: int = 8, reward: Reward = None):
     """The bundle's OpenEnv app: every task as the split ``all``, plus one split per eval."""
     from agent_env.openenv import build_app
+
+    # The episode's agent proxy is polled at an a2a card path a2a calls deprecated: one warning a poll, no news.
+    logging.getLogger("a2a.server.apps.jsonrpc.jsonrpc_app").setLevel(logging.ERROR)
 
     return build_app(bundle, reward=reward, sandbox=sandbox, max_concurrent_envs=max_concurrent_envs)
 
