@@ -81,13 +81,15 @@ def sft_dataset(rollouts: Iterable[Rollout]) -> Dataset:
 
 
 def self_distill_round(model, tokenizer, env, preset: str, output_dir: str, *, fraction: float = 0.5,
-                       samples: int = 2, temperature: float = 1.0, **play_kwargs) -> list[Rollout]:
+                       samples: int = 2, temperature: float = 1.0, max_steps: int | None = None,
+                       **play_kwargs) -> list[Rollout]:
     """One round of seeds/003's loop: play each train task ``samples`` times, fine-tune ``model`` in place on the
-    top ``fraction`` by reward (TRL's SFTTrainer, ``preset``'s SFT settings); returns the round's rollouts."""
+    top ``fraction`` by reward (TRL's SFTTrainer, ``preset``'s SFT settings, ``max_steps`` if given); returns the
+    round's rollouts."""
     from trl import SFTTrainer
 
     rows = [row for row in env.dataset for _ in range(samples)]
     rollouts = play(model, tokenizer, env.factory, rows, temperature=temperature, **play_kwargs)
     SFTTrainer(model=model, processing_class=tokenizer, train_dataset=sft_dataset(top_fraction(rollouts, fraction)),
-               args=presets.sft_config(preset, output_dir=output_dir)).train()
+               args=presets.sft_config(preset, output_dir=output_dir, max_steps=max_steps)).train()
     return rollouts

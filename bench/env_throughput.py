@@ -171,17 +171,25 @@ def table(rows: dict) -> str:
     return "\n".join(lines)
 
 
-def write_docs(section: str) -> None:
-    """Put ``section`` under HEADING in docs/benchmarks.md, leaving every other section as it is."""
+def write_docs(command: str, block: str) -> None:
+    """Put ``block`` in docs/benchmarks.md, under HEADING, as the subsection of ``command``: it replaces that
+    command's earlier one; the rest of the file, and of the section, stays as it is."""
     text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
+    title = f"### `{command}`"
     start = text.find(HEADING)
     if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
+        text, start = text.rstrip("\n") + f"\n\n{HEADING}\n", len(text.rstrip("\n")) + 2
+    end = text.find("\n## ", start + len(HEADING))
+    end = len(text) if end < 0 else end + 1
+    section = text[start:end]
+    at = section.find(title)
+    if at < 0:
+        section = section.rstrip("\n") + f"\n\n{title}\n\n{block}\n\n"
     else:
-        end = text.find("\n## ", start + len(HEADING))
-        text = text[:start] + section + ("" if end < 0 else text[end:])
+        after = section.find("\n### ", at + len(title))
+        section = section[:at] + f"{title}\n\n{block}\n" + ("\n" if after < 0 else section[after:])
     DOCS.parent.mkdir(parents=True, exist_ok=True)
-    DOCS.write_text(text.rstrip("\n") + "\n")
+    DOCS.write_text((text[:start] + section + text[end:]).rstrip("\n") + "\n")
 
 
 def main() -> None:
@@ -223,12 +231,12 @@ def main() -> None:
     pool = os.environ.get("AGENTENV_NB_ENV_POOL", "8")
     tls = ("TLS contexts lazy (SSL_CERT_DIR only)" if args.lazy_tls or not os.environ.get("SSL_CERT_FILE")
            else "SSL_CERT_FILE set")
-    section = (f"{HEADING}\n\n`{command}` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, "
-               f"load average {load} after the run, kit pool {pool}, {tls}. One run; medians and ratios are "
-               f"its own.\n\n{table(rows)}\n")
-    print(section)
+    block = (f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, load average {load} after "
+             f"the run, kit pool {pool}, {tls}, a fresh framework store per path. One run; medians and ratios are its "
+             f"own.\n\n{table(rows)}")
+    print(f"### `{command}`\n\n{block}")
     if args.write_docs:
-        write_docs(section)
+        write_docs(command.replace(" --write-docs", ""), block)
 
 
 def index_of(path: str) -> int:

@@ -1,0 +1,303 @@
+"""Env processes for the process sandbox: a fresh one per episode, started ahead of need so a reset doesn't wait.
+
+An env process serves one episode and is killed with everything it started (its process group) and its folder.
+``Pool(image, env, size=N)`` keeps N ready per image and environment, forked from a parent that imported the env's
+libraries once (``env_zygote.py``), and starts more in the background as they're taken; ``size=0`` starts each as a
+fresh interpreter when it's asked for, as ``python server.py`` would::
+
+    pool = pool_for(image, {"ENVIRONMENT_NAME": "echo"}, size=8)
+    process = await pool.take(start_timeout=60)   # ready: it serves its env card at process.url
+    ...
+    process.kill()
+    close_pools()                                  # at shutdown: every pool, its parent and its ready processes
+
+Each process's folder is in ``env_image.work_dir()``. Run as root, a process gets its own /data and /tmp (a mount
+namespace), where a task's files load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import collections
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentenv_nb.env_image import EnvImage, owned_prefix, work_dir
+
+_ZYGOTE = str(Path(__file__).with_name("env_zygote.py"))
+_PRIVATE_MARK, _READY_MARK = "private", "ready"  # env_zygote's marks: it isn't imported here, so they're repeated
+_POLL_S = 0.01
+_SERVER_LIBRARIES = ("mcp.server.fastmcp", "uvicorn")  # what agentenv_protocol's serve() imports when it runs
+
+
+class EnvStartError(RuntimeError):
+    """An env process that exited, or didn't listen in time; the message holds its output's tail."""
+
+
+def private_folders() -> list[str]:
+    """The folders a process gets of its own: /data and /tmp as root (/data made if missing); /tmp only when the
+    work dir isn't under it, since the process reads its app from there. None without root."""
+    if os.geteuid() != 0:
+        return []
+    Path("/data").mkdir(exist_ok=True)
+    return ["data"] if str(work_dir().resolve()).startswith("/tmp/") else ["data", "tmp"]
+
+
+@dataclass
+class EnvProcess:
+    """One env process: its pid (its process group's), loopback port and folder."""
+
+    pid: int
+    port: int
+    root: Path
+    popen: subprocess.Popen | None = None  # when this process started it; a forking parent reaps its own
+    on_kill: Callable[[], None] | None = None  # called once, when it's killed
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def private(self) -> bool:
+        """Whether its /data is its own, mounted from ``root / "data"``."""
+        return (self.root / _PRIVATE_MARK).exists()
+
+    def listening(self) -> bool:
+        """Whether its server accepts connections, so it serves its card (``env_zygote`` marks it)."""
+        return (self.root / _READY_MARK).exists()
+
+    def alive(self) -> bool:
+        if self.popen is not None:
+            return self.popen.poll() is None
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def kill(self) -> None:
+        """Kill its process group and remove its folder; idempotent."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self.popen is not None:
+            self.popen.wait()
+        shutil.rmtree(self.root, ignore_errors=True)
+        on_kill, self.on_kill = self.on_kill, None
+        if on_kill is not None:
+            on_kill()
+
+    def output(self, chars: int = 2000) -> str:
+        try:
+            return (self.root / "log").read_text("utf8", errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+class Pool:
+    """Fresh env processes of one image and environment, kept ready ahead of need: ``size``, or as many as were in use
+    at once so far when that's more, so a burst of resets as large as the last finds all its processes ready."""
+
+    def __init__(self, image: EnvImage, env: dict[str, str], size: int):
+        self.image, self.size = image, size
+        self.env = {**image.env, **env, "MCP_HOST": "127.0.0.1"}
+        self.private = private_folders()
+        self._ready: collections.deque[EnvProcess] = collections.deque()
+        self._lock = threading.Lock()  # the ready processes and the counts: held briefly, also on the event loop
+        self._forking = threading.Lock()  # the parent's pipe: held while it forks, so off the event loop only
+        self._start_timeout = 60.0
+        self._wanted = threading.Event()
+        self._closed = False
+        self._in_use = self._peak = 0
+        self._zygote: subprocess.Popen | None = None
+        self._thread: threading.Thread | None = None
+
+    async def take(self, start_timeout: float) -> EnvProcess:
+        """A ready process no one has used: a warm one, else one started now."""
+        self._start_timeout = start_timeout
+        while self.size:
+            with self._lock:
+                process = self._ready.popleft() if self._ready else None
+            self._refill()
+            if process is None:
+                break
+            if process.alive():
+                return self._handed(process)
+            process.kill()
+        # Without a pool, on this (the event loop's) thread: a process dies with the thread that started it.
+        process = await asyncio.to_thread(self._start) if self.size else self._start()
+        try:
+            await _ready(process, start_timeout)
+        except BaseException:
+            process.kill()
+            raise
+        return self._handed(process)
+
+    def _handed(self, process: EnvProcess) -> EnvProcess:
+        with self._lock:
+            self._in_use += 1
+            self._peak = max(self._peak, self._in_use)
+        process.on_kill = self._returned
+        return process
+
+    def _returned(self) -> None:
+        with self._lock:
+            self._in_use -= 1
+
+    def close(self) -> None:
+        """Kill the ready processes and the forking parent, which kills the processes it forked."""
+        self._closed = True
+        self._wanted.set()
+        with self._lock:
+            ready, self._ready = list(self._ready), collections.deque()
+        for process in ready:
+            process.kill()
+        if self._zygote is not None:
+            self._zygote.stdin.close()
+            try:
+                self._zygote.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._zygote.kill()
+                self._zygote.wait()
+
+    def _start(self) -> EnvProcess:
+        """Start a process: forked from the parent when there's a pool, else a fresh interpreter."""
+        root = Path(tempfile.mkdtemp(prefix=owned_prefix("env"), dir=work_dir()))
+        try:
+            for name in ("data", "tmp"):
+                (root / name).mkdir()
+            port = _free_port()
+            process = {"app_dir": str(self.image.app_dir), "script": str(self.image.script),
+                       "args": list(self.image.args), "env": self.env, "port": port, "root": str(root),
+                       "private": self.private}
+            if not self.size:
+                popen = subprocess.Popen([sys.executable, _ZYGOTE, "run", json.dumps(process)],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                return EnvProcess(popen.pid, port, root, popen)
+            with self._forking:
+                zygote = self._zygote_running()
+                zygote.stdin.write(json.dumps(process) + "\n")
+                zygote.stdin.flush()
+                answer = zygote.stdout.readline()
+            if not answer:
+                raise EnvStartError(f"the parent that forks {self.image.script.name} exited")
+            return EnvProcess(json.loads(answer)["pid"], port, root)
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+
+    def _zygote_running(self) -> subprocess.Popen:
+        if self._closed:
+            raise EnvStartError("the pool is closed")
+        if self._zygote is None or self._zygote.poll() is not None:
+            self._zygote = subprocess.Popen(
+                [sys.executable, _ZYGOTE, "fork", json.dumps([*self.image.preload, *_SERVER_LIBRARIES])],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                cwd=self.image.app_dir, env={**os.environ, **self.env}, start_new_session=True)
+        return self._zygote
+
+    def _refill(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._keep_ready, name="agentenv-nb-env-pool", daemon=True)
+            self._thread.start()
+        self._wanted.set()
+
+    def _keep_ready(self) -> None:
+        """Top the ready processes up whenever one is taken, starting the missing ones at once."""
+        while not self._closed:
+            self._wanted.wait()
+            self._wanted.clear()
+            with self._lock:
+                missing = max(self.size, self._peak) - len(self._ready)
+            started: list[EnvProcess] = []
+            try:
+                for _ in range(max(missing, 0) if not self._closed else 0):
+                    started.append(self._start())
+                for process in _as_ready(started, self._start_timeout):
+                    with self._lock:
+                        if self._closed:
+                            process.kill()
+                        else:
+                            self._ready.append(process)
+            except Exception:  # a take() starts its own, and reports why it fails
+                for process in started:
+                    if process not in self._ready:
+                        process.kill()
+                time.sleep(1)
+
+
+_pools: dict[tuple, Pool] = {}
+_pools_lock = threading.Lock()
+
+
+def pool_for(image: EnvImage, env: dict[str, str], size: int) -> Pool:
+    """The pool of ``image`` started with ``env``, made on first use."""
+    key = (image.key, tuple(sorted(env.items())), size)
+    with _pools_lock:
+        if key not in _pools:
+            _pools[key] = Pool(image, env, size)
+        return _pools[key]
+
+
+def close_pools() -> None:
+    """Close every pool: its ready processes and its forking parent."""
+    with _pools_lock:
+        pools = list(_pools.values())
+        _pools.clear()
+    for pool in pools:
+        pool.close()
+
+
+atexit.register(close_pools)
+
+
+async def _ready(process: EnvProcess, timeout: float) -> None:
+    """Wait until ``process`` listens; raise EnvStartError if it exits or ``timeout`` passes first."""
+    deadline = time.monotonic() + timeout
+    while not process.listening():
+        _check_starting(process, deadline, timeout)
+        await asyncio.sleep(_POLL_S)
+
+
+def _as_ready(processes: list[EnvProcess], timeout: float) -> Iterator[EnvProcess]:
+    """Each of the processes as soon as it listens, from a thread; kills and leaves out any that fails to."""
+    deadline, waiting = time.monotonic() + timeout, list(processes)
+    while waiting:
+        for process in list(waiting):
+            if process.listening():
+                waiting.remove(process)
+                yield process
+                continue
+            try:
+                _check_starting(process, deadline, timeout)
+            except EnvStartError:
+                process.kill()
+                waiting.remove(process)
+        time.sleep(2 * _POLL_S)
+
+
+def _check_starting(process: EnvProcess, deadline: float, timeout: float) -> None:
+    if not process.alive():
+        raise EnvStartError(f"the env process exited before it listened; its output:\n{process.output()}")
+    if time.monotonic() > deadline:
+        raise EnvStartError(f"the env process didn't listen in {timeout:g} s (AGENTENV_NB_ENV_START_TIMEOUT); "
+                            f"its output:\n{process.output()}")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -1,0 +1,133 @@
+"""The env-side of a process sandbox: turn this process (or a fork of it) into one env's MCP server.
+
+Run as a script, not as part of the package, so nothing but the env is imported into it::
+
+    python env_zygote.py run '<process json>'     # become the env: a fresh interpreter, as `python server.py` is
+    python env_zygote.py fork '<module list>'     # import the modules once, then fork a child per line on stdin
+
+A process json holds ``app_dir``, ``script``, ``args``, ``env``, ``port``, ``root`` (the process's own folder: its
+``log`` takes the output, and ``ready`` appears once it listens) and ``private``: the folders under ``root`` (``data``,
+``tmp``) to mount at ``/data`` and ``/tmp`` in a mount namespace of its own, so a file staged for it, or its sqlite in
+/tmp, is its alone. A forked child answers ``{"pid": ...}``; it has a session of its own, so killing its group kills
+all it started, and it dies with the forking parent. The parent kills its children, removes their folders and exits
+when its stdin closes, as it does when the server dies.
+"""
+
+import ctypes
+import json
+import logging
+import os
+import runpy
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+
+_CLONE_NEWNS, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x20000, 4096, 16384, 1 << 18
+_PR_SET_PDEATHSIG = 1
+PRIVATE_MARK = "private"  # written in root once /data (and /tmp) are the process's own
+READY_MARK = "ready"  # written in root once the server listens
+
+
+def become(process: dict) -> None:
+    """Run the env's script as ``__main__`` in this process, set up as ``process`` says; never returns."""
+    code = 0
+    try:
+        os.setsid()
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        root = os.open(process["root"], os.O_RDONLY)
+        log = os.open("log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600, dir_fd=root)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        if process["private"]:
+            _private(libc, process["root"], process["private"])
+            os.close(os.open(PRIVATE_MARK, os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=root))
+        threading.Thread(target=_mark_ready, args=(process["port"], root), daemon=True).start()
+        # Plain-text logging, set first, so a server's own basicConfig (FastMCP's renders each traceback with rich,
+        # about 0.1 s of CPU for the one every MCP session's close logs) leaves it be.
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        os.environ.update(process["env"])
+        os.environ["MCP_PORT"] = str(process["port"])
+        os.chdir(process["app_dir"])
+        sys.path[0] = process["app_dir"]
+        sys.argv = [process["script"], *process["args"]]
+        if "numpy" in sys.modules:  # random reseeds itself in a fork; numpy's global generator doesn't
+            sys.modules["numpy"].random.seed()
+        runpy.run_path(process["script"], run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (e.code is not None)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def _mark_ready(port: int, root: int) -> None:
+    """Write ``READY_MARK`` in the process's folder once its server accepts connections: uvicorn listens only after
+    the app has started, so its card is served by then, and the parent needn't poll it over HTTP."""
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.005)
+    os.close(os.open(READY_MARK, os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=root))
+
+
+def _private(libc, root: str, names: list) -> None:
+    """Mount ``root/<name>`` at ``/<name>`` for each name, in a mount namespace only this process (and its children)
+    sees."""
+    def check(result: int, what: str) -> None:
+        if result != 0:
+            raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+
+    check(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "making / private")
+    for name in names:
+        source, target = os.path.join(root, name).encode(), f"/{name}".encode()
+        check(libc.mount(source, target, None, _MS_BIND | _MS_REC, None), f"binding {root}/{name} at /{name}")
+
+
+def serve_forks(modules: list) -> None:
+    """Import ``modules``, then fork a child per JSON line on stdin until it closes; then kill the children still
+    running and remove their folders, as the server would have."""
+    for module in modules:
+        try:
+            __import__(module)
+        except BaseException:  # the child imports it again and reports what fails
+            pass
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped as they exit
+    children = {}
+    for line in sys.stdin:
+        process = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            become(process)
+        children[pid] = process["root"]
+        sys.stdout.write(json.dumps({"pid": pid}) + "\n")
+        sys.stdout.flush()
+    for pid, root in children.items():
+        if os.path.isdir(root):  # the server removes the folder of each child it kills
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    mode, payload = sys.argv[1], json.loads(sys.argv[2])
+    if mode == "run":
+        become(payload)
+    else:
+        serve_forks(payload)

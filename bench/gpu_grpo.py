@@ -1,0 +1,399 @@
+"""GRPO on one GPU held to an L4's 24 GB: the kit's own path (notebook 03) against bare Unsloth and plain TRL.
+
+Usage::
+
+    python bench/gpu_grpo.py --model /tmp/q4b                  # "24gb" (4-bit), capped at 24 GB, 3 steps a variant
+    python bench/gpu_grpo.py --model /tmp/q4b --preset 16bit --no-cap --variants kit,bare
+    python bench/gpu_grpo.py --smoke                           # CPU plumbing: tiny model, "cpu-tiny", 1 step
+
+Variants, with the preset's GRPO settings (32 rollouts a step, 1024 completion tokens), eval off, on one GridSim
+bundle: ``kit``, notebook 03's path (``AgentEnv.local``, process sandbox, 64 sessions; ``models.load_model``;
+``presets.grpo_config``; Unsloth's GRPOTrainer with ``env.factory``, ``env.reward_funcs``, ``env.metrics``, the console
+live plot); ``bare``, Unsloth's GRPOTrainer with the in-process ``ToyGridSim``, the floor the kit adds to; ``trl``,
+stock TRL with bitsandbytes 4-bit (bf16 for "16bit") and a PEFT LoRA on ToyGridSim, what a user would pick instead, in
+a subprocess as Unsloth patches TRL in its process. A step splits into generation (``generate`` calls), env (inside
+reset, tools, get_reward; overlaps counted once) and update (the rest), with peak GPU memory. A random model calls no
+tools, so the kit also times one step's episodes played with the expert's 3 tool calls each, in TRL's order
+(``env_tools_s``). An OOM is reported with the step reached; a variant stops after the step past ``--budget-s``.
+Prints markdown; writes ``$OUT/grpo_<preset>[_nocap].json``.
+"""
+
+import argparse
+import functools
+import gc
+import inspect
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from agentenv_nb.stack import import_unsloth
+
+GIB, CUDA = 2**30, torch.cuda.is_available()
+if "--child" not in sys.argv or not CUDA:  # Unsloth before transformers and TRL load, so it patches them; the TRL
+    import_unsloth()  # subprocess stays stock TRL on a GPU (on a CPU, TRL 1.15 can't step without unsloth_zoo's patch)
+from transformers import TrainerCallback  # noqa: E402
+
+from agentenv_nb.gridsim import battery, write_bundle  # noqa: E402
+
+VARIANTS = ("kit", "bare", "trl")
+LOGGED = ("tools/call_frequency", "completions/mean_length", "reward", "loss")
+CHILD_SETUP_S = 150  # the TRL subprocess's imports and 4-bit load, beyond its training budget
+
+
+def peaks() -> dict:
+    """Peak GPU memory since the last reset, allocated and reserved, in GiB (nothing on a CPU)."""
+    return {"peak_alloc_gib": torch.cuda.max_memory_allocated() / GIB,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB} if CUDA else {}
+
+
+def cap_memory(cap_gb: float | None) -> None:
+    """Hold this process to ``cap_gb`` GB (1e9 bytes) of the GPU, as if it were a smaller card."""
+    if cap_gb and CUDA:
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gb * 1e9 / torch.cuda.mem_get_info()[1]))
+
+
+def free_memory(collect: bool = True) -> None:
+    """Reset the peak memory counters, first freeing what nothing references any more (``collect``)."""
+    if collect:
+        gc.collect()
+    if CUDA:
+        torch.cuda.synchronize()
+        if collect:
+            torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+class Clock:
+    """Wall time spent inside timed calls, overlapping calls counted once, and the number of calls."""
+
+    def __init__(self):
+        self.total, self.calls, self._active, self._since, self._lock = 0.0, 0, 0, 0.0, threading.Lock()
+
+    def wrap(self, function, sync: bool = False):
+        """``function`` timed on this clock, its name, docstring and signature kept (TRL reads tools by them)."""
+        @functools.wraps(function)
+        def timed(*args, **kwargs):
+            with self._lock:
+                if not self._active:
+                    self._since = time.perf_counter()
+                self._active, self.calls = self._active + 1, self.calls + 1
+            try:
+                return function(*args, **kwargs)
+            finally:
+                if sync and CUDA:
+                    torch.cuda.synchronize()
+                with self._lock:
+                    self._active -= 1
+                    if not self._active:
+                        self.total += time.perf_counter() - self._since
+        return timed
+
+
+def timed_class(cls: type, clock: Clock) -> type:
+    """A subclass of ``cls`` whose reset, tools and get_reward run on ``clock``; its name, TRL's reward column's."""
+    methods = {name: clock.wrap(function) for name, function in inspect.getmembers(cls, inspect.isfunction)
+               if not name.startswith("_")}
+    return type(cls.__name__, (cls,), {**methods, "__qualname__": cls.__qualname__, "__module__": cls.__module__})
+
+
+class StepTimer(TrainerCallback):
+    """Per optimizer step: wall time split into generation, env and update, peak GPU memory, logged metrics; and
+    ``setup``, the time and peak memory before step 1. Stops after the step past ``budget_s``; ``report`` gets steps."""
+
+    def __init__(self, budget_s: float | None = None, fake_oom_step: int | None = None, report=None):
+        self.gen, self.env, self.steps, self.setup, self._start = Clock(), Clock(), [], {}, time.perf_counter()
+        self.budget_s, self.fake_oom_step, self.report = budget_s, fake_oom_step, report
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.setup = {"setup_s": time.perf_counter() - self._start, **{f"setup_{k}": v for k, v in peaks().items()}}
+        self._start = time.perf_counter()
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        free_memory(collect=False)
+        self._begin = (time.perf_counter(), self.gen.total, self.env.total)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if CUDA:
+            torch.cuda.synchronize()
+        step_s, gen, env = (now - then for now, then in zip((time.perf_counter(), self.gen.total, self.env.total),
+                                                             self._begin))
+        self.steps.append({"step": state.global_step, "step_s": step_s, "gen_s": gen, "env_s": env,
+                           "update_s": step_s - gen - env, "env_pct": 100 * env / step_s, **peaks()})
+        if self.fake_oom_step == state.global_step:
+            raise torch.OutOfMemoryError(f"simulated by --fake-oom after step {state.global_step}")
+        control.should_training_stop |= bool(self.budget_s and time.perf_counter() - self._start > self.budget_s)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.steps and logs and self.steps[-1]["step"] == state.global_step:
+            self.steps[-1].update({key: logs[key] for key in LOGGED if key in logs})
+            if self.report:
+                self.report(self.steps)
+
+
+class ToyGridSim:
+    """A GridSim day played in this process with the env's battery rules and tools: no server, no session."""
+
+    def reset(self, **row):
+        self.prices, self.schedule = row["prices"], None
+
+    def get_prices(self) -> str:
+        """The day's 24 hourly prices in $/MWh, hour 0 (midnight) first, as a JSON list."""
+        return json.dumps(self.prices)
+
+    def submit_schedule(self, schedule: list[int]) -> str:
+        """Submit the battery's schedule for the day; a later submission replaces an earlier one.
+
+        Args:
+            schedule: 24 integers, one an hour from hour 0: 1 charges 1 MWh, -1 sells 1 MWh, 0 idles.
+        """
+        profit, self.schedule = battery.settle(self.prices, schedule)[0], list(schedule)
+        return f"schedule accepted: profit ${profit:.2f}"
+
+    def end_turn(self, response: str = "") -> str:
+        """End your turn and hand your answer to the task.
+
+        Args:
+            response: Your final answer.
+        """
+        return "The episode has ended."
+
+    def get_reward(self) -> float:
+        return 0.0 if self.schedule is None else battery.score(self.prices, self.schedule)
+
+
+def toy_rows(bundle: str):
+    """The bundle's train days as a dataset: the kit's prompt (its task's system prompt and prompt), the prices."""
+    from datasets import Dataset
+    from agentenv_nb.gridsim.generate import SYSTEM_PROMPT, read_days
+    return Dataset.from_list([{"prompt": [{"role": "system", "content": SYSTEM_PROMPT},
+                                          {"role": "user", "content": f"Schedule the battery for {day['day']}."}],
+                               "prices": day["prices"]} for day in read_days(bundle, "train")])
+
+
+def train(trainer, timer: StepTimer) -> None:
+    trainer.model.generate = timer.gen.wrap(trainer.model.generate, sync=True)  # an instance attribute: no patching
+    trainer.train()
+
+
+def expert_step(factory: type, rows: list[dict], count: int) -> dict:
+    """One step's env work with tools, in TRL's order: ``count`` resets, get_prices on each, submit_schedule (the
+    optimum) and end_turn on each, every get_reward. Its wall time and mean reward."""
+    playing = [factory() for _ in range(count)]
+    try:
+        start = time.perf_counter()
+        for i, environment in enumerate(playing):
+            environment.reset(**rows[i % len(rows)])
+        prices = [json.loads(environment.get_prices()) for environment in playing]
+        for environment, day in zip(playing, prices):
+            environment.submit_schedule(schedule=battery.optimal_schedule(day))
+            environment.end_turn(response="done")
+        rewards = [environment.get_reward() or 0.0 for environment in playing]
+        return {"env_tools_s": time.perf_counter() - start, "env_tools_reward": sum(rewards) / count}
+    finally:
+        for environment in playing:
+            environment.__exit__()
+
+
+def run_kit(args, timer: StepTimer, result: dict) -> None:
+    from trl import GRPOTrainer
+
+    from agentenv_nb import AgentEnv, models, presets
+    from agentenv_nb.live import live_plot
+    with AgentEnv.local(args.bundle, split="train", sandbox="process", max_concurrent_envs=64) as env:
+        model, tokenizer = models.load_model(args.model, args.preset)
+        env.check(tokenizer)
+        config = presets.grpo_config(args.preset, **args.overrides)
+        train(GRPOTrainer(model=model, processing_class=tokenizer, args=config, train_dataset=env.dataset,
+                          environment_factory=timed_class(env.factory, timer.env), reward_funcs=env.reward_funcs,
+                          callbacks=[env.metrics, live_plot("console"), timer]), timer)
+        result.update(expert_step(env.factory, env.dataset.to_list(), config.generation_batch_size))
+
+
+def run_bare(args, timer: StepTimer, result: dict) -> None:
+    from trl import GRPOTrainer
+    from unsloth import FastLanguageModel
+
+    from agentenv_nb import presets
+    model, tokenizer = FastLanguageModel.from_pretrained(**presets.model_kwargs(args.preset, args.model))
+    model = FastLanguageModel.get_peft_model(model, **presets.peft_kwargs(args.preset))
+    train(GRPOTrainer(model=model, processing_class=tokenizer, args=presets.grpo_config(args.preset, **args.overrides),
+                      train_dataset=toy_rows(args.bundle), environment_factory=timed_class(ToyGridSim, timer.env),
+                      callbacks=[timer]), timer)
+
+
+def run_trl_here(args, timer: StepTimer, result: dict) -> None:
+    """The ``trl`` variant inside its subprocess: stock TRL, transformers' 4-bit loading, a PEFT LoRA."""
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+    from trl import GRPOConfig, GRPOTrainer
+
+    from agentenv_nb import presets
+    dtype = torch.float32 if args.preset == "cpu-tiny" else torch.bfloat16
+    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                      bnb_4bit_compute_dtype=torch.bfloat16) if args.preset == "24gb" else None
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, quantization_config=quantization,
+                                                 device_map={"": 0} if CUDA else None)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    lora = {k: v for k, v in presets.peft_kwargs(args.preset).items() if k in ("r", "lora_alpha", "target_modules")}
+    config = GRPOConfig(**json.loads(Path(args.child).read_text()))
+    train(GRPOTrainer(model=model, processing_class=tokenizer, args=config, train_dataset=toy_rows(args.bundle),
+                      environment_factory=timed_class(ToyGridSim, timer.env), callbacks=[timer],
+                      peft_config=LoraConfig(**lora, lora_dropout=0.0, task_type="CAUSAL_LM")), timer)
+
+
+def run_trl(args, timer: StepTimer, result: dict) -> None:
+    """The ``trl`` variant: the same GRPO settings, as stock TRL takes them, in a subprocess writing its result."""
+    from agentenv_nb import presets
+    spec = Path(args.work) / "trl_grpo_kwargs.json"
+    spec.write_text(json.dumps({**presets.grpo_kwargs(args.preset, **args.overrides), "scale_rewards": "group"}))
+    command = [sys.executable, os.path.abspath(__file__), *args.argv, "--child", str(spec), "--model", args.model,
+               "--bundle", args.bundle, "--work", args.work]  # the same options, and what this process made
+    try:
+        code = subprocess.run(command, timeout=args.budget_s + CHILD_SETUP_S).returncode
+    except subprocess.TimeoutExpired:
+        code = f"timeout after {args.budget_s + CHILD_SETUP_S:.0f}s"
+    result.update(json.loads(found.read_text()) if (found := Path(f"{spec}.result")).exists() else {})
+    if code and result["status"] == "ok":
+        result["status"] = code if isinstance(code, str) else f"error: exit code {code}"
+
+
+def run_variant(name: str, run, args, report=None) -> dict:
+    """Run one variant; an OOM or an error ends it with a status saying so and the step it reached."""
+    free_memory()
+    result = {"variant": name, "status": "ok", "start_alloc_gib": torch.cuda.memory_allocated() / GIB if CUDA else None}
+    timer = StepTimer(args.budget_s, 1 if args.fake_oom == name else None,
+                      report and (lambda steps: report({**result, "steps": steps})))
+    start = time.perf_counter()
+    try:
+        run(args, timer, result)
+    except torch.OutOfMemoryError as error:
+        result["status"] = f"OOM after step {len(timer.steps)}"
+        print(f"{name}: {result['status']}: {error}", flush=True)
+    except Exception as error:  # reported in the table; the next variant still runs
+        result["status"] = f"error: {type(error).__name__}: {str(error)[:200]}"
+        traceback.print_exc()
+    result["wall_s"] = time.perf_counter() - start
+    if timer.steps:  # else the steps are the TRL subprocess's, in its result
+        result.update(timer.setup, steps=timer.steps, generate_calls=timer.gen.calls)
+        if not timer.gen.calls:  # generation ran where the wrapper doesn't see it: leave the split unmeasured
+            result["steps"] = [{**step, "gen_s": None, "update_s": None} for step in timer.steps]
+    result.update(summary(result.setdefault("steps", []), result.get("env_tools_s")))
+    free_memory()
+    return result
+
+
+def summary(steps: list[dict], env_tools_s: float | None = None) -> dict:
+    """The steady step (the mean of the steps after the first, ``steady_*``), and peaks over every step."""
+    steady = steps[1:] or steps
+
+    def mean(key):
+        values = [step[key] for step in steady if step.get(key) is not None]
+        return sum(values) / len(values) if values else None
+
+    out = {"reached_step": len(steps), **{f"steady_{key}": mean(key) for key in ("step_s", "gen_s", "env_s",
+                                                                                  "update_s", *LOGGED)},
+           **{k: max((s[k] for s in steps if k in s), default=None) for k in ("peak_alloc_gib", "peak_reserved_gib")}}
+    if out["steady_step_s"]:
+        out["env_pct"] = 100 * out["steady_env_s"] / out["steady_step_s"]
+        out["env_tools_pct"] = None if env_tools_s is None else 100 * env_tools_s / out["steady_step_s"]
+    return out
+
+
+COLUMNS = [("variant", "variant", 0), ("step", "step", 0), ("status", "status", 0), ("step s", "step_s", 1),
+           ("gen s", "gen_s", 1), ("env s", "env_s", 2), ("update s", "update_s", 1), ("env %", "env_pct", 1),
+           ("peak alloc GiB", "peak_alloc_gib", 2), ("peak reserved GiB", "peak_reserved_gib", 2),
+           ("tool calls", "tools/call_frequency", 2), ("completion len", "completions/mean_length", 0)]
+
+
+def markdown(columns: list[tuple], results: list[dict]) -> list[str]:
+    """A markdown table in ``columns`` (header, key, decimals of a float): each variant's steps, then its steady row."""
+    rows = [row for r in results for row in [*({"variant": r["variant"], **s} for s in r["steps"]), {
+        **{k.removeprefix("steady_"): v for k, v in r.items()}, "step": f"steady of {r['reached_step']}"}]]
+    cell = lambda v, d: "-" if v is None else f"{v:.{d}f}" if isinstance(v, float) else str(v)  # noqa: E731
+    return ["| " + " | ".join(h for h, _, _ in columns) + " |", "|" + "---|" * len(columns),
+            *("| " + " | ".join(cell(row.get(k), d) for _, k, d in columns) + " |" for row in rows)]
+
+
+def table(results: list[dict]) -> str:
+    """The variants' steps and steady rows, and the goals checked on the kit's and bare Unsloth's."""
+    kit, bare = (next((r for r in results if r["variant"] == v), {}) for v in ("kit", "bare"))
+    ratio = kit.get("steady_step_s") and bare.get("steady_step_s") and kit["steady_step_s"] / bare["steady_step_s"]
+    goals = [("kit step / bare Unsloth step (x)", ratio, 1.1), ("kit env time (% of a step)", kit.get("env_pct"), 5),
+             ("kit env time with the expert's 3 tool calls a rollout (% of a step)", kit.get("env_tools_pct"), 5),
+             ("kit peak reserved (GiB)", kit.get("peak_reserved_gib"), 16)]
+    return "\n".join(markdown(COLUMNS, results) + [""] + [
+        f"- {text}: {value:.2f} (goal <= {limit:g}): {'PASS' if value <= limit else 'FAIL'}"
+        for text, value, limit in goals if value])
+
+
+def parse(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", help="the model folder (bench/gpu_run.sh builds the random Qwen3-4B-shaped one)")
+    parser.add_argument("--preset", default="24gb", choices=("24gb", "16bit", "cpu-tiny"))
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of " + ", ".join(VARIANTS))
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--budget-s", type=float, default=200.0, help="a variant stops after the step that passes it")
+    parser.add_argument("--cap-gb", type=float, default=24.0, help="GPU memory held to this many GB (1e9 bytes)")
+    parser.add_argument("--no-cap", dest="cap_gb", action="store_const", const=None, help="the whole GPU")
+    parser.add_argument("--smoke", action="store_true", help="CPU plumbing: tiny model, cpu-tiny, 1 step")
+    parser.add_argument("--fake-oom", choices=VARIANTS, help="raise an OOM after that variant's first step")
+    for hidden in ("--bundle", "--work", "--child"):  # set for the TRL subprocess; --child: its GRPO kwargs (JSON)
+        parser.add_argument(hidden, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
+    args.variants = args.variants.split(",")
+    if not set(args.variants) <= set(VARIANTS):
+        parser.error(f"--variants takes some of {', '.join(VARIANTS)}")
+    if args.smoke:
+        args.preset, args.steps, args.cap_gb = "cpu-tiny", 1, None
+    elif not args.model:
+        parser.error("--model is required (or --smoke)")
+    return args
+
+
+def write_report(name: str, report: dict) -> Path:
+    """``report`` as JSON in $OUT (./bench-out if unset)."""
+    (out := Path(os.environ.get("OUT") or "bench-out")).mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(json.dumps(report, indent=1))
+    return out / name
+
+
+def main(argv=None) -> dict | None:
+    args = parse(argv)
+    cap_memory(args.cap_gb)
+    if args.child:  # the TRL subprocess: writes its result after each step and at the end
+        report = Path(args.child + ".result").write_text
+        report(json.dumps(run_variant("trl", run_trl_here, args, lambda result: report(json.dumps(result)))))
+        return None
+    args.work = tempfile.mkdtemp(prefix="gpu_grpo.")
+    if args.smoke:
+        from agentenv_nb.tiny import build_tiny_model
+        args.model = build_tiny_model(Path(args.work) / "tiny")
+    args.bundle = str(write_bundle(Path(args.work) / "gridsim", train=64, eval=4))
+    args.overrides = {"output_dir": str(Path(args.work) / "grpo"), "max_steps": args.steps, "eval_strategy": "no",
+                      "eval_on_start": False}  # what every variant changes in its preset's GRPO settings
+    runs, results = {"kit": run_kit, "bare": run_bare, "trl": run_trl}, []
+    for name in args.variants:
+        print(f"== {name} ({args.preset}, cap {args.cap_gb or 'none'} GB, {args.steps} steps)", flush=True)
+        results.append(run_variant(name, runs[name], args))
+        print(table(results[-1:]), flush=True)
+    versions = {m: sys.modules[m].__version__ for m in ("torch", "transformers", "trl", "unsloth") if m in sys.modules}
+    device = torch.cuda.get_device_name(0) if CUDA else "cpu"
+    report = {"preset": args.preset, "cap_gb": args.cap_gb, "steps": args.steps, "smoke": args.smoke, "device": device,
+              "versions": versions, "results": results}
+    path = write_report(f"grpo_{args.preset}{'' if args.cap_gb else '_nocap'}.json", report)
+    print(f"\n## GRPO, {args.preset}, GPU held to {args.cap_gb or 'all'} GB, {device}\n\n{table(results)}")
+    print(f"\nwrote {path}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

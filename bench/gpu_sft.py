@@ -1,0 +1,82 @@
+"""Notebook 02's SFT warm start on one GPU held to an L4's 24 GB: time per step and peak memory.
+
+Usage::
+
+    python bench/gpu_sft.py --model /tmp/q4b          # "24gb" (4-bit), capped at 24 GB, 3 steps
+    python bench/gpu_sft.py --smoke                   # CPU plumbing: tiny model, "cpu-tiny", 1 step
+
+Notebook 02's path: the GridSim expert played through ``AgentEnv.local`` (process sandbox) for the data, kept where
+the task's verifier scored 1 (``demos.gridsim_expert``, ``demos.sft_dataset``); ``models.load_model`` (Unsloth, LoRA);
+TRL's SFTTrainer with ``presets.sft_config(preset)``. Step timing, memory, OOM and error handling are
+bench/gpu_grpo.py's. Prints a markdown table; writes ``$OUT/sft_<preset>[_nocap].json`` (OUT: ./bench-out if unset).
+"""
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import gpu_grpo as bench  # beside this file; it imports unsloth first, before transformers and TRL
+import torch
+
+COLUMNS = [("variant", "variant", 0), ("step", "step", 0), ("status", "status", 0), ("step s", "step_s", 1),
+           ("setup s", "setup_s", 1), ("peak alloc GiB", "peak_alloc_gib", 2),
+           ("peak reserved GiB", "peak_reserved_gib", 2), ("demos kept", "kept", 0),
+           ("tokens a demo", "mean_tokens", 0), ("loss", "loss", 3)]
+
+
+def run_sft(args, timer, result: dict) -> None:
+    from trl import SFTTrainer
+
+    from agentenv_nb import AgentEnv, demos, models, presets
+    from agentenv_nb.gridsim import write_bundle
+
+    bundle = write_bundle(Path(args.work) / "gridsim", train=args.demos, eval=2)
+    start = time.perf_counter()
+    with AgentEnv.local(bundle, split="train", sandbox="process", max_concurrent_envs=8) as env:
+        expert = demos.gridsim_expert(env.factory, env.dataset)
+    kept = [d for d in expert if d["reward"] == 1.0]
+    result.update(demos_s=time.perf_counter() - start, demos=len(expert), kept=len(kept))
+    if args.smoke:
+        from agentenv_nb.tiny import build_tiny_model
+
+        args.model = build_tiny_model(Path(args.work) / "tiny", corpus_texts=models.corpus(kept))
+    model, tokenizer = models.load_model(args.model, args.preset)
+    trainer = SFTTrainer(model=model, processing_class=tokenizer, train_dataset=demos.sft_dataset(kept),
+                         args=presets.sft_config(args.preset, output_dir=str(Path(args.work) / "sft"),
+                                                 max_steps=args.steps), callbacks=[timer])
+    lengths = [len(ids) for ids in trainer.train_dataset["input_ids"]]
+    result["mean_tokens"] = sum(lengths) / len(lengths)
+    trainer.train()
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", help="the model folder (bench/gpu_run.sh builds the random Qwen3-4B-shaped one)")
+    parser.add_argument("--preset", default="24gb", choices=("24gb", "16bit", "cpu-tiny"))
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--demos", type=int, default=16, help="expert episodes played for the data")
+    parser.add_argument("--budget-s", type=float, default=150.0, help="stop after the step that passes it")
+    parser.add_argument("--cap-gb", type=float, default=24.0, help="GPU memory held to this many GB (1e9 bytes)")
+    parser.add_argument("--no-cap", dest="cap_gb", action="store_const", const=None, help="the whole GPU")
+    parser.add_argument("--smoke", action="store_true", help="CPU plumbing: tiny model, cpu-tiny, 1 step")
+    parser.add_argument("--fake-oom", action="store_const", const="sft", help="raise an OOM after the first step")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.preset, args.steps, args.cap_gb, args.demos = "cpu-tiny", 1, None, 8
+    elif not args.model:
+        parser.error("--model is required (or --smoke)")
+    bench.cap_memory(args.cap_gb)
+    args.work = tempfile.mkdtemp(prefix="gpu_sft.")
+    result = bench.run_variant("sft", run_sft, args)
+    device = torch.cuda.get_device_name(0) if bench.CUDA else "cpu"
+    report = {"preset": args.preset, "cap_gb": args.cap_gb, "steps": args.steps, "smoke": args.smoke,
+              "device": device, "result": result}
+    path = bench.write_report(f"sft_{args.preset}{'' if args.cap_gb else '_nocap'}.json", report)
+    print(f"\n## SFT, {args.preset}, GPU held to {args.cap_gb or 'all'} GB, {device}\n")
+    print("\n".join(bench.markdown(COLUMNS, [result])) + f"\n\nwrote {path}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

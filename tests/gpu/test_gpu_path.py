@@ -1,0 +1,81 @@
+"""The GPU path, on a CUDA GPU only: the random Qwen3-4B-shaped model loaded in 4-bit through Unsloth
+(``models.load_model(path, "24gb")``), held to an L4's 24 GB, and one GRPO step through ``AgentEnv.local`` (GridSim,
+process sandbox) whose rollouts call the env's tools on the server. Skipped, without importing torch, where there is
+no NVIDIA driver, and where torch sees no CUDA GPU.
+
+    pytest tests/gpu -o addopts=    # on a GPU machine without nbval; AGENTENV_NB_GPU_MODEL: a model already built
+                                    # (bench/gpu_run.sh runs it so on the device, with the model it built)
+
+The 4B shape rather than a small model: it is what the notebooks load on a 24 GB GPU, and on an H200 building it
+takes about 10 s, loading it in 4-bit about 10 s. A random model writes no tool call of its own, so ``sequence_bias``
+steers each assistant turn into a ``get_prices`` call: two tool rounds a rollout (``max_tool_calling_iterations``).
+"""
+
+import os
+import shutil
+
+import pytest
+
+
+def _cuda() -> bool:
+    if not (shutil.which("nvidia-smi") or os.path.exists("/dev/nvidiactl")):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+pytestmark = pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU (the 4-bit GPU path): run `pytest tests/gpu` "
+                                                     "on a GPU machine, as bench/gpu_run.sh does on the device")
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory) -> str:
+    from agentenv_nb.stack import import_unsloth
+
+    import_unsloth()  # before transformers and TRL load, so Unsloth patches them
+    from agentenv_nb.tiny import build_random_qwen3_4b
+
+    return os.environ.get("AGENTENV_NB_GPU_MODEL") or build_random_qwen3_4b(
+        tmp_path_factory.mktemp("qwen3-4b-random") / "model", device="cuda")
+
+
+def steer_to_get_prices(tokenizer) -> list:
+    """transformers' ``sequence_bias`` (its list form) making every assistant turn ``<tool_call>`` get_prices: each
+    token of the call is biased right after the generation prompt's assistant header and the call's tokens before
+    it, and the turn ends with ``<|im_end|>``."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                         enable_thinking=False, tokenize=False)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    header = ids[len(ids) - 1 - ids[::-1].index(tokenizer.convert_tokens_to_ids("<|im_start|>")):]
+    call = tokenizer.encode('<tool_call>\n{"name": "get_prices", "arguments": {}}\n</tool_call><|im_end|>',
+                            add_special_tokens=False)
+    return [[header + call[:i + 1], 100.0] for i in range(len(call))]
+
+
+def test_4bit_grpo_step_calls_tools_through_agentenv(model_path, tmp_path):
+    import torch
+    from trl import GRPOTrainer
+
+    from agentenv_nb import AgentEnv, models, presets
+    from agentenv_nb.gridsim import write_bundle
+
+    torch.cuda.set_per_process_memory_fraction(min(1.0, 24e9 / torch.cuda.mem_get_info()[1]))  # an L4's 24 GB
+    bundle = write_bundle(tmp_path / "gridsim", train=4, eval=1)
+    with AgentEnv.local(bundle, split="train", sandbox="process", max_concurrent_envs=16) as env:
+        model, tokenizer = models.load_model(model_path, "24gb")
+        assert any(type(module).__name__ == "Linear4bit" for module in model.modules()), "not loaded in 4-bit"
+        config = presets.grpo_config(
+            "24gb", output_dir=str(tmp_path / "grpo"), max_steps=1, per_device_train_batch_size=8,
+            gradient_accumulation_steps=1, max_completion_length=256, eval_strategy="no", eval_on_start=False,
+            generation_kwargs={"sequence_bias": steer_to_get_prices(tokenizer)})
+        trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=config, train_dataset=env.dataset,
+                              environment_factory=env.factory, reward_funcs=env.reward_funcs, callbacks=[env.metrics])
+        trainer.train()
+
+    logs = [log for log in trainer.state.log_history if "tools/call_frequency" in log]
+    assert trainer.state.global_step == 1 and len(logs) == 1
+    assert logs[0]["tools/call_frequency"] > 0, "no tool call ran through the env"
+    assert logs[0]["tools/failure_frequency"] == 0
+    assert logs[0][f"scores/{env.name}/unscored"] == 0, "an episode ended unscored"
+    assert torch.cuda.max_memory_reserved() <= 24e9
