@@ -141,7 +141,8 @@ def grpo_kwargs(preset: str, output_dir: str = "outputs", max_steps: int | None 
     if preset == "cpu-tiny":
         kwargs.update(
             max_steps=4, per_device_train_batch_size=4, gradient_accumulation_steps=2,  # 2 tasks x 4 rollouts
-            num_generations=4, max_completion_length=128, learning_rate=1e-3,  # a random tiny model needs a big step
+            num_generations=4, max_completion_length=512, learning_rate=1e-3,  # a random tiny model needs a big step;
+            # 512 holds the whole GridSim conversation: two tool calls, the prices they return, and end_turn
             warmup_steps=0, bf16=False, per_device_eval_batch_size=4)
     if max_steps is not None:
         kwargs["max_steps"] = max_steps
