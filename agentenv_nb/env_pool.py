@@ -47,12 +47,14 @@ class EnvStartError(RuntimeError):
 
 
 def private_folders() -> list[str]:
-    """The folders a process gets of its own: /data and /tmp as root (/data made if missing); /tmp only when the
-    work dir isn't under it, since the process reads its app from there. None without root."""
+    """The folders a process gets of its own: /data and /tmp as root (/data made if missing); /tmp only when nothing
+    the process reads lives under it (the work dir its app is in, this Python, its packages, as in a CI clone or a
+    site folder under /tmp). None without root."""
     if os.geteuid() != 0:
         return []
     Path("/data").mkdir(exist_ok=True)
-    return ["data"] if str(work_dir().resolve()).startswith("/tmp/") else ["data", "tmp"]
+    read = [work_dir(), Path(sys.prefix), Path(__file__), *(Path(entry) for entry in sys.path if entry)]
+    return ["data"] if any(str(path.resolve()).startswith("/tmp/") for path in read) else ["data", "tmp"]
 
 
 @dataclass

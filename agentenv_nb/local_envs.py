@@ -20,6 +20,7 @@ Settings, from ``[sandbox.providers.process] config = {...}`` in ``.agentenv/con
   its libraries, and more once more were in use at once; 0 starts each as a fresh interpreter when it's asked for.
 - ``pip_install`` (``AGENTENV_NB_PIP_INSTALL=1``): install missing requirements into this Python instead of refusing.
 - ``start_timeout`` (``AGENTENV_NB_ENV_START_TIMEOUT``, default 60): seconds a process has to serve its env card.
+- ``AGENTENV_NB_WORK_DIR`` (default /var/tmp/agentenv-nb): where the unpacked images and the processes' folders go.
 """
 
 from __future__ import annotations

@@ -19,5 +19,5 @@ def test_committed_without_outputs_and_with_a_parameters_cell(path):
     code = [c for c in cells if c["cell_type"] == "code"]
     assert not [c for c in code if c.get("outputs") or c.get("execution_count")], "clear the outputs"
     assert "parameters" in code[0]["metadata"].get("tags", []), "the first code cell is the parameters cell"
-    assert all(len("".join(c["source"]).splitlines()) <= 12 for c in code), "logic belongs in agentenv_nb"
+    assert all(len("".join(c["source"]).splitlines()) <= 12 for c in code[1:]), "logic belongs in agentenv_nb"
     assert not any("def " in "".join(c["source"]) for c in code), "no function definitions in the notebooks"
