@@ -273,8 +273,11 @@ def test_no_process_or_folder_outlives_its_episode(server):
         for wave in range(0, 100, 8):
             await asyncio.gather(*(episode(n) for n in range(wave, min(wave + 8, 100))))
 
-    asyncio.run(run())
     work = Path(os.environ["AGENTENV_NB_WORK_DIR"])
+    for key, pool in list(env_pool._pools.items()):  # other tests' servers in this process keep pools of their own
+        if not Path(pool.image.app_dir).is_relative_to(work):
+            env_pool._pools.pop(key).close()
+    asyncio.run(run())
 
     def settled() -> tuple[int, int, int]:  # the pools refill in the background; slow under load, so re-read
         return len(env_folders(work)), sum(len(pool._ready) for pool in env_pool._pools.values()), len(env_processes())
