@@ -9,7 +9,8 @@ a dataset whose rows are tasks, and an ``environment_factory`` whose environment
     trainer.train()
     env.close()                                   # or `with AgentEnv.local(...) as env:`
 
-``AgentEnv("http://env-host:8000")`` plays a server another host runs (``python -m agentenv_nb.serve``).
+``AgentEnv("http://env-host:8000")`` plays a server another host runs (``python -m agentenv_nb.serve``), and
+``AgentEnv([url, url2, ...])`` several servers of one bundle, spreading the sessions over them.
 
 How TRL drives an environment: it makes one per rollout in flight and reuses it, rollout after rollout, so each holds
 one session (``session.Session``). ``reset(**row)`` starts the row's task in the background and returns None, so
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import json
 import logging
 import os
@@ -47,7 +49,8 @@ def _setting(name: str, given: float | None, default: float) -> float:
 
 
 class AgentEnv:
-    """The tasks of the split ``split`` a server at ``url`` serves, and the environments that play them.
+    """The tasks of the split ``split`` a server at ``url`` serves, and the environments that play them. ``url``
+    may be a list of servers of the same bundle: each new environment's session goes to the next.
 
     ``reward`` makes the reward of a task's scores here, a step id or a function of the scores by step id; without
     it the server's reward stands. ``reset_timeout`` (300 s), ``call_timeout`` (120 s) and ``patience`` (4 s) bound
@@ -56,10 +59,11 @@ class AgentEnv:
     are every task's. ``plain_text_replies`` passes the model's last plain-text reply to a turn it never ended, with
     ``reward_funcs=env.reward_funcs`` given to the trainer."""
 
-    def __init__(self, url: str, split: str = "train", reward: Reward = None, reset_timeout: float | None = None,
+    def __init__(self, url: str | list[str], split: str = "train", reward: Reward = None, reset_timeout: float | None = None,
                  call_timeout: float | None = None, patience: float | None = None,
                  toolsets: Literal["first", "each"] = "first", plain_text_replies: bool = False):
-        self.url, self.split, self.reward, self.toolsets = url.rstrip("/"), split, reward, toolsets
+        self.urls = [u.rstrip("/") for u in ([url] if isinstance(url, str) else url)]
+        self.url, self.split, self.reward, self.toolsets = self.urls[0], split, reward, toolsets
         self.plain_text_replies = plain_text_replies
         self.timeouts = {"reset_timeout": _setting("reset_timeout", reset_timeout, 300.0),
                          "call_timeout": _setting("call_timeout", call_timeout, 120.0),
@@ -70,6 +74,7 @@ class AgentEnv:
         self.splits: list[str] = [split["name"] for split in self._get(f"{self.name}/splits")]
         self._tasks: dict[str, list[dict[str, Any]]] = {}
         self._environments: list[Environment] = []
+        self._turns = itertools.count()
         self._metrics = None
         self._warned: set[str] = set()
         self._loop = asyncio.new_event_loop()
@@ -79,15 +84,17 @@ class AgentEnv:
 
     @classmethod
     def local(cls, bundle, split: str = "train", sandbox: str | None = None, max_concurrent_envs: int = 8,
-              reward: Reward = None, **options) -> AgentEnv:
-        """Serve ``bundle`` in this process (``serve.serve_in_thread``) and play it; closing the AgentEnv, leaving
-        its ``with`` block, or the process's exit stops the server. ``reward`` goes to the server, which checks at
-        start that it scores every task."""
-        from .serve import serve_in_thread
+              reward: Reward = None, processes: int = 0, **options) -> AgentEnv:
+        """Serve ``bundle`` here and play it: on a thread of this process (``processes=0``), or from ``processes``
+        server processes beside it (``serve.serve_in_processes``), which keep the server's work off the trainer's
+        GIL, for a GPU run. Closing the AgentEnv, leaving its ``with`` block, or the process's exit stops the
+        servers. ``reward`` goes to the server, which checks at start that it scores every task."""
+        from .serve import serve_in_processes, serve_in_thread
 
-        server = serve_in_thread(bundle, sandbox=sandbox, max_concurrent_envs=max_concurrent_envs, reward=reward)
+        serving = {"sandbox": sandbox, "max_concurrent_envs": max_concurrent_envs, "reward": reward}
+        server = serve_in_processes(bundle, processes, **serving) if processes else serve_in_thread(bundle, **serving)
         try:
-            env = cls(server.url, split=split, **options)
+            env = cls(server.urls, split=split, **options)
         except BaseException:
             server.close()
             raise
@@ -229,6 +236,10 @@ class AgentEnv:
             coroutine.close()
             raise RuntimeError(f"this AgentEnv on {self.url} is closed; make another")
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+
+    def next_url(self) -> str:
+        """The server the next environment's session goes to: each in turn."""
+        return self.urls[next(self._turns) % len(self.urls)]
 
     def warn_once(self, message: str) -> None:
         """Log ``message`` as a warning the first time only: it would repeat every rollout."""

@@ -59,7 +59,7 @@ class Environment:
     _tools: tuple[dict[str, Any], ...]
 
     def __init__(self):
-        self._session = Session(self._agent.url, **self._agent.timeouts)
+        self._session = Session(self._agent.next_url(), **self._agent.timeouts)
         self._episode: Episode | None = None
         self._agent._environments.append(self)
 

@@ -1,8 +1,10 @@
-"""Serve a bundle's tasks as an OpenEnv server (``agent_env.openenv.build_app`` on uvicorn): inside this process for
-``AgentEnv.local``, or on an env host from the command line.
+"""Serve a bundle's tasks as an OpenEnv server (``agent_env.openenv.build_app`` on uvicorn): for ``AgentEnv.local``
+on a thread of this process or in server processes beside it, or on an env host from the command line.
 
     handle = serve_in_thread("bundles/gridsim-tiny", sandbox="process", max_concurrent_envs=16)
     env = AgentEnv(handle.url)        # ... and handle.close() when done; it also stops at exit
+    with serve_in_processes("bundles/gridsim-tiny", processes=4, sandbox="process") as servers:
+        env = AgentEnv(servers.urls)  # sessions spread over 4 processes: none holds the trainer's GIL
 
     python -m agentenv_nb.serve bundles/gridsim-tiny --host 0.0.0.0 --port 8000 --sandbox process \\
         --max-concurrent-envs 32      # then AgentEnv("http://env-host:8000") on the GPU machine
@@ -16,12 +18,18 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import uvicorn
 
 Reward = str | Callable[[dict[str, float]], float] | None
@@ -29,8 +37,12 @@ Reward = str | Callable[[dict[str, float]], float] | None
 
 def build(bundle: str | Path, *, sandbox: str | None = None, max_concurrent_envs: int = 8, reward: Reward = None):
     """The bundle's OpenEnv app: every task as the split ``all``, plus one split per eval."""
+    from agent_env.a2a_agent import conversation_store
     from agent_env.openenv import build_app
 
+    # The store looks conversations up by fields only these indexes serve; without them every lookup parses every
+    # conversation it holds, and a long run's episodes slow down as it grows (docs/benchmarks.md).
+    conversation_store.ensure_indexes()
     # The episode's agent proxy is polled at an a2a card path a2a calls deprecated: one warning a poll, no news.
     logging.getLogger("a2a.server.apps.jsonrpc.jsonrpc_app").setLevel(logging.ERROR)
 
@@ -51,6 +63,7 @@ class ServerHandle:
         self._server, self._thread, self._shutdown_timeout = server, thread, shutdown_timeout
         host, port = server.servers[0].sockets[0].getsockname()[:2]
         self.url = f"http://{host}:{port}"
+        self.urls = [self.url]
         close_at_exit(self.close)
 
     def close(self) -> None:
@@ -87,6 +100,100 @@ def serve_in_thread(bundle: str | Path, host: str = "127.0.0.1", port: int = 0, 
     return ServerHandle(server, thread, shutdown_timeout)
 
 
+class ServerProcesses:
+    """``processes`` servers of one bundle, each a subprocess serving a loopback socket this process bound: ``urls``,
+    one a server, and ``close()`` (also at exit). A server process also stops when this process dies (its stdin
+    closes). Sessions spread over them, so episodes deploy, play and score on other cores than the trainer's."""
+
+    def __init__(self, bundle: str | Path, processes: int, host: str, options: list[str], start_timeout: float,
+                 shutdown_timeout: float):
+        self._shutdown_timeout, self._processes, self.urls = shutdown_timeout, [], []
+        self.logs = Path(tempfile.mkdtemp(prefix="agentenv-nb-servers."))
+        close_at_exit(self.close)
+        try:
+            for i in range(processes):
+                with socket.create_server((host, 0)) as listening:
+                    log = self.logs / f"server-{i}.log"
+                    command = [sys.executable, "-m", "agentenv_nb.serve", str(bundle), "--fd", str(listening.fileno()),
+                               *options]
+                    with log.open("wb") as out:
+                        self._processes.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=out,
+                                                                stderr=subprocess.STDOUT,
+                                                                pass_fds=(listening.fileno(),)))
+                    self.urls.append("http://{}:{}".format(*listening.getsockname()[:2]))
+            self._wait_healthy(start_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline, waiting = time.monotonic() + timeout, dict(enumerate(self.urls))
+        with httpx.Client(timeout=2.0, trust_env=False) as client:
+            while waiting:
+                for i, url in list(waiting.items()):
+                    if self._processes[i].poll() is not None:
+                        tail = (self.logs / f"server-{i}.log").read_text(errors="replace")[-2000:]
+                        raise RuntimeError(f"server process {i} for {url} exited while starting:\n{tail}")
+                    try:
+                        if client.get(f"{url}/health").status_code == 200:
+                            del waiting[i]
+                    except httpx.TransportError:
+                        pass
+                if waiting and time.monotonic() > deadline:
+                    raise TimeoutError(f"{len(waiting)} server process(es) didn't answer /health within "
+                                       f"start_timeout={timeout:g}s; their logs are in {self.logs}")
+                time.sleep(0.1 if waiting else 0)
+
+    def close(self) -> None:
+        """Stop every server: SIGTERM, which tears down its open episodes; SIGKILL after the shutdown timeout."""
+        for process in self._processes:
+            if process.poll() is None:
+                process.terminate()
+        deadline = time.monotonic() + self._shutdown_timeout + 5
+        for process in self._processes:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            if process.stdin:
+                process.stdin.close()
+
+    def __enter__(self) -> ServerProcesses:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def serve_in_processes(bundle: str | Path, processes: int, host: str = "127.0.0.1", sandbox: str | None = None,
+                       max_concurrent_envs: int = 8, reward: str | None = None, start_timeout: float = 120.0,
+                       shutdown_timeout: float = 30.0) -> ServerProcesses:
+    """Serve ``bundle`` from ``processes`` subprocesses, ``max_concurrent_envs`` sessions among them (each takes
+    its share, rounded up); returns once each answers ``/health``. ``reward`` must be a step id here: a function
+    can't cross to another process."""
+    if callable(reward):
+        raise ValueError("reward= is a function, which can't reach a server process: pass the step id whose score "
+                         "is the reward, or serve on a thread (processes=0)")
+    options = ["--max-concurrent-envs", str(-(-max_concurrent_envs // processes)),
+               *(["--sandbox", sandbox] if sandbox else []), *(["--reward", reward] if reward else [])]
+    return ServerProcesses(bundle, processes, host, options, start_timeout, shutdown_timeout)
+
+
+def _serve_inherited(app, fd: int) -> None:
+    """Serve ``app`` on the listening socket ``fd`` a parent handed over, until it closes this process's stdin."""
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", ws_ping_interval=None,
+                                           timeout_graceful_shutdown=30))
+
+    def stop_with_parent() -> None:
+        while os.read(0, 4096):  # os.read: a daemon thread inside sys.stdin's reader would abort the exit
+            pass
+        server.should_exit = True
+
+    threading.Thread(target=stop_with_parent, daemon=True).start()
+    server.run(sockets=[socket.socket(fileno=fd)])
+
+
 def main(argv: list[str] | None = None) -> None:
     env = os.environ.get
     parser = argparse.ArgumentParser(prog="python -m agentenv_nb.serve", description=__doc__.split("\n\n")[0])
@@ -98,9 +205,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-concurrent-envs", type=int, default=int(env("AGENTENV_NB_MAX_CONCURRENT_ENVS", "8")),
                         help="sessions served at once: one per rollout in flight, train and eval")
     parser.add_argument("--reward", help="the step id whose score is the reward, for tasks that record several")
+    parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)  # serve_in_processes: a socket it bound for us
     args = parser.parse_args(argv)
     app = build(args.bundle, sandbox=args.sandbox, max_concurrent_envs=args.max_concurrent_envs, reward=args.reward)
-    uvicorn.run(app, host=args.host, port=args.port, ws_ping_interval=None)
+    # uvicorn shuts down gracefully on SIGTERM, then raises it again, which would skip the exit hooks that remove
+    # the env processes' folders and images: exit normally instead.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    if args.fd is not None:
+        _serve_inherited(app, args.fd)
+    else:
+        uvicorn.run(app, host=args.host, port=args.port, ws_ping_interval=None)
 
 
 if __name__ == "__main__":

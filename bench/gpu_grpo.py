@@ -7,9 +7,9 @@ Usage::
     python bench/gpu_grpo.py --smoke                           # CPU plumbing: tiny model, "cpu-tiny", 1 step
 
 Variants, with the preset's GRPO settings (32 rollouts a step, 1024 completion tokens), eval off, on one GridSim
-bundle: ``kit``, notebook 03's path (``AgentEnv.local``, process sandbox, 64 sessions; ``models.load_model``;
-``presets.grpo_config``; Unsloth's GRPOTrainer with ``env.factory``, ``env.reward_funcs``, ``env.metrics``, the console
-live plot); ``bare``, Unsloth's GRPOTrainer with the in-process ``ToyGridSim``, the floor the kit adds to; ``trl``,
+bundle: ``kit``, notebook 03's path (``AgentEnv.local``, process sandbox, 64 sessions over ``--server-processes``
+server processes; ``models.load_model``; ``presets.grpo_config``; Unsloth's GRPOTrainer with ``env.factory``,
+``env.reward_funcs``, ``env.metrics``, the console live plot); ``bare``, Unsloth's GRPOTrainer with the in-process ``ToyGridSim``, the floor the kit adds to; ``trl``,
 stock TRL with bitsandbytes 4-bit (bf16 for "16bit") and a PEFT LoRA on ToyGridSim, what a user would pick instead, in
 a subprocess as Unsloth patches TRL in its process. A step splits into generation (``generate`` calls), env (inside
 reset, tools, get_reward; overlaps counted once) and update (the rest), with peak GPU memory. A random model calls no
@@ -207,7 +207,8 @@ def run_kit(args, timer: StepTimer, result: dict) -> None:
 
     from agentenv_nb import AgentEnv, models, presets
     from agentenv_nb.live import live_plot
-    with AgentEnv.local(args.bundle, split="train", sandbox="process", max_concurrent_envs=64) as env:
+    with AgentEnv.local(args.bundle, split="train", sandbox="process", max_concurrent_envs=64,
+                        processes=args.server_processes) as env:
         model, tokenizer = models.load_model(args.model, args.preset)
         env.check(tokenizer)
         config = presets.grpo_config(args.preset, **args.overrides)
@@ -343,6 +344,8 @@ def parse(argv=None):
     parser.add_argument("--budget-s", type=float, default=200.0, help="a variant stops after the step that passes it")
     parser.add_argument("--cap-gb", type=float, default=24.0, help="GPU memory held to this many GB (1e9 bytes)")
     parser.add_argument("--no-cap", dest="cap_gb", action="store_const", const=None, help="the whole GPU")
+    parser.add_argument("--server-processes", type=int, default=4,
+                        help="the kit's env servers beside the trainer (AgentEnv.local's processes; 0: a thread)")
     parser.add_argument("--smoke", action="store_true", help="CPU plumbing: tiny model, cpu-tiny, 1 step")
     parser.add_argument("--fake-oom", choices=VARIANTS, help="raise an OOM after that variant's first step")
     for hidden in ("--bundle", "--work", "--child"):  # set for the TRL subprocess; --child: its GRPO kwargs (JSON)

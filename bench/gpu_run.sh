@@ -14,7 +14,8 @@
 # also goes to $OUT/run.log. The site folder and /tmp/q4b are reused when a warm machine still has them.
 #
 # Usage: bash bench/gpu_run.sh [PARTS] [--smoke]     PARTS: comma-separated, default grpo,sft,test (add 16bit)
-#   DEADLINE_S (585): seconds for the whole run; GRPO_BUDGET_S (150): training seconds a GRPO variant may take.
+#   DEADLINE_S (585): seconds for the whole run; GRPO_BUDGET_S (150): training seconds a GRPO variant may take;
+#   GRPO_VARIANTS (kit,bare,trl): the grpo part's variants.
 #   --smoke: the same parts on this CPU with /work/venv (tiny model, cpu-tiny; the site archive only unpacked).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -87,7 +88,7 @@ EOF
     MODEL=(--model /tmp/q4b)
   fi
 
-  part grpo 200 430 $PY bench/gpu_grpo.py "${MODEL[@]}" --variants kit,bare,trl --budget-s "${GRPO_BUDGET_S:-150}"
+  part grpo 200 430 $PY bench/gpu_grpo.py "${MODEL[@]}" --variants "${GRPO_VARIANTS:-kit,bare,trl}" --budget-s "${GRPO_BUDGET_S:-150}"
   part sft 60 150 $PY bench/gpu_sft.py "${MODEL[@]}"
   part test 45 150 $PY -m pytest tests/gpu -o addopts= -q -rs -p no:cacheprovider --junitxml "$OUT/pytest.xml"
   part 16bit 100 300 $PY bench/gpu_grpo.py "${MODEL[@]}" --preset 16bit --no-cap --variants "${GRPO16_VARIANTS:-kit}" \

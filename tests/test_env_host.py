@@ -5,6 +5,7 @@ The server runs the envs with the ``process`` sandbox, as a notebook host withou
 """
 
 import copy
+import json
 import math
 import os
 import signal
@@ -104,3 +105,37 @@ def test_a_grpo_step_through_agentenv_url(env_host, tmp_path):
     rewards = [value for key, value in logged.items() if key.startswith("rewards/") and key.endswith("/mean")]
     assert rewards and all(math.isfinite(value) for value in rewards), logged  # scored by the server's verifier
     assert "tools/call_frequency" in logged
+
+
+def test_local_server_processes_share_the_sessions_and_leave_nothing_behind(tmp_path):
+    from agentenv_nb import gridsim
+    from agentenv_nb.client import AgentEnv
+    from agentenv_nb.env_image import work_dir
+    from agentenv_nb.session import CapacityError
+
+    bundle = gridsim.write_bundle(tmp_path / "gridsim-tiny", train=4, eval=2)
+    with AgentEnv.local(bundle, sandbox="process", max_concurrent_envs=4, processes=2) as env:
+        servers = env._server._processes
+        rows, plays = env.dataset.to_list(), [env.factory() for _ in range(4)]
+        assert sorted(play._session.url for play in plays) == sorted(2 * [url.replace("http", "ws") + "/ws"
+                                                                           for url in env.urls])
+        for play, row in zip(plays, rows):
+            play.reset(**row)
+        for play in plays:
+            day = gridsim.battery.optimal_schedule(json.loads(play.get_prices()))
+            play.submit_schedule(schedule=day)
+        assert [play.get_reward() for play in plays] == [1.0] * 4
+        with pytest.raises(CapacityError, match="max_concurrent_envs"):  # each server holds 4 / 2 sessions
+            env.factory().reset(**rows[0])
+    assert [server.returncode for server in servers] == [0, 0]  # shut down, not killed
+    left = [path.name for server in servers for path in work_dir().glob(f"agentenv-nb-*-{server.pid}-*")]
+    assert not left, left
+
+
+def test_server_processes_say_why_they_cannot_start(tmp_path):
+    from agentenv_nb.serve import serve_in_processes
+
+    with pytest.raises(ValueError, match="step id"):
+        serve_in_processes(tmp_path, 1, reward=lambda scores: 1.0)
+    with pytest.raises(RuntimeError, match="exited while starting"):
+        serve_in_processes(tmp_path / "no-bundle", 1)
