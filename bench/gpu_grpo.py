@@ -344,7 +344,7 @@ def parse(argv=None):
     parser.add_argument("--budget-s", type=float, default=200.0, help="a variant stops after the step that passes it")
     parser.add_argument("--cap-gb", type=float, default=24.0, help="GPU memory held to this many GB (1e9 bytes)")
     parser.add_argument("--no-cap", dest="cap_gb", action="store_const", const=None, help="the whole GPU")
-    parser.add_argument("--server-processes", type=int, default=4,
+    parser.add_argument("--server-processes", type=int, default=8,
                         help="the kit's env servers beside the trainer (AgentEnv.local's processes; 0: a thread)")
     parser.add_argument("--smoke", action="store_true", help="CPU plumbing: tiny model, cpu-tiny, 1 step")
     parser.add_argument("--fake-oom", choices=VARIANTS, help="raise an OOM after that variant's first step")
