@@ -11,6 +11,10 @@ bundle written from the framework's echo-mcp example:
 - ``plain``: the same task with ``AGENTENV_NB_ENV_POOL=0``, a fresh interpreter started per episode;
 - ``floor``: a task of the same shape that deploys no env (deploy_agent, prompt_agent, a response verifier).
 
+With ``--server-processes N`` (N > 1) the kit and plain paths are served from N processes each, sessions taking
+them in turn, as ``AgentEnv.local(..., processes=N)`` serves; ``floor`` stays the framework's one process, and
+``floorxN`` serves the floor's task from N processes too, the per-core comparison.
+
 A session holds one WebSocket and plays episodes back to back: reset, call ``echo`` (the kit and plain paths),
 ``end_turn``. Reset is the time from sending the reset to its observation; an episode from the reset to the scored
 ``end_turn``; episodes/s is all sessions' episodes over the wall time. Paths take turns at each concurrency, so a
@@ -80,12 +84,11 @@ def serve(bundle: str, port: int, capacity: int) -> None:
 
 
 class Server:
-    """A path's server in a subprocess, with a working folder and a framework store (XDG_STATE_HOME) of its own."""
+    """A path's servers, ``processes`` subprocesses sharing a working folder and a framework store (XDG_STATE_HOME)
+    of the path's own; ``urls``, one a process."""
 
-    def __init__(self, name: str, bundle: Path, work: Path, capacity: int, pool: str | None, lazy_tls: bool):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+    def __init__(self, name: str, bundle: Path, work: Path, capacity: int, pool: str | None, lazy_tls: bool,
+                 processes: int = 1):
         # A store of its own, as a fresh machine has: the shared one's history slows every episode (see the docs).
         env = {**os.environ, "AGENTENV_NB_WORK_DIR": str(work / f"{name}-envs"), "XDG_STATE_HOME": str(work / name)}
         if pool is not None:
@@ -95,29 +98,38 @@ class Server:
             env["SSL_CERT_DIR"] = "/etc/ssl/certs"
         (work / name).mkdir()
         self.log = open(work / f"{name}.log", "w")
-        self.process = subprocess.Popen(
-            [sys.executable, __file__, "--serve", str(bundle), "--port", str(self.port), "--capacity", str(capacity)],
-            cwd=work / name, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        self.url = f"ws://127.0.0.1:{self.port}/ws"
+        self.ports, self.processes = [], []
+        for _ in range(processes):
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                self.ports.append(probe.getsockname()[1])
+            self.processes.append(subprocess.Popen(
+                [sys.executable, __file__, "--serve", str(bundle), "--port", str(self.ports[-1]), "--capacity",
+                 str(-(-capacity // processes))], cwd=work / name, env=env, stdout=self.log, stderr=subprocess.STDOUT))
+        self.urls = [f"ws://127.0.0.1:{port}/ws" for port in self.ports]
 
     def wait(self, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"a server exited; see {self.log.name}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                time.sleep(0.2)
-        raise TimeoutError(f"a server didn't start; see {self.log.name}")
+        for process, port in zip(self.processes, self.ports):
+            while True:
+                if process.poll() is not None:
+                    raise RuntimeError(f"a server exited; see {self.log.name}")
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"a server didn't start; see {self.log.name}") from None
+                    time.sleep(0.2)
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
         self.log.close()
 
 
@@ -145,10 +157,10 @@ async def exchange(ws, message: dict) -> dict:
     return json.loads(await ws.recv())
 
 
-async def measure(url: str, index: int, echo: bool, sessions: int, episodes: int) -> dict:
+async def measure(urls: list[str], index: int, echo: bool, sessions: int, episodes: int) -> dict:
     results: list = []
     started = time.perf_counter()
-    await asyncio.gather(*(session(url, index, episodes, echo, results) for _ in range(sessions)))
+    await asyncio.gather(*(session(urls[i % len(urls)], index, episodes, echo, results) for i in range(sessions)))
     wall = time.perf_counter() - started
     resets = sorted(r for r, _, _ in results)
     return {"reset_p50": statistics.median(resets), "reset_p95": resets[min(len(resets) - 1, int(0.95 * len(resets)))],
@@ -162,12 +174,14 @@ def table(rows: dict) -> str:
     for (sessions, path), row in rows.items():
         lines.append(f"| {sessions} | {path} | {row['reset_p50']:.3f} | {row['reset_p95']:.3f} | "
                      f"{row['episode_p50']:.3f} | {row['eps']:.2f} | {row['scored']:.0%} | {row['n']} |")
-    lines += ["", "| sessions | kit reset p50 / floor | plain reset p50 / kit | kit episodes/s / floor |",
-              "|---|---|---|---|"]
+    wide = next((path for _, path in rows if path.startswith("floorx")), None)  # the floor from N processes
+    lines += ["", "| sessions | kit reset p50 / floor | plain reset p50 / kit | kit episodes/s / floor |"
+              + (f" kit reset p50 / {wide} |" if wide else ""), "|---|---|---|---|" + ("---|" if wide else "")]
     for sessions in sorted({s for s, _ in rows}):
         kit, plain, floor = (rows[(sessions, path)] for path in ("kit", "plain", "floor"))
         lines.append(f"| {sessions} | {kit['reset_p50'] / floor['reset_p50']:.2f}x | "
-                     f"{plain['reset_p50'] / kit['reset_p50']:.1f}x | {kit['eps'] / floor['eps']:.2f}x |")
+                     f"{plain['reset_p50'] / kit['reset_p50']:.1f}x | {kit['eps'] / floor['eps']:.2f}x |"
+                     + (f" {kit['reset_p50'] / rows[(sessions, wide)]['reset_p50']:.2f}x |" if wide else ""))
     return "\n".join(lines)
 
 
@@ -199,6 +213,8 @@ def main() -> None:
                                                                  "session)")
     parser.add_argument("--lazy-tls", action="store_true",
                         help="serve every path with SSL_CERT_DIR=/etc/ssl/certs and no SSL_CERT_FILE")
+    parser.add_argument("--server-processes", type=int, default=1,
+                        help="serve the kit and plain paths (and a floorxN path) from this many processes each")
     parser.add_argument("--write-docs", action="store_true", help=f"write the table under {HEADING!r} in {DOCS}")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -210,18 +226,21 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="env-throughput-"))
     bundle = write_bundle(work / "bundle")
     capacity = max(args.sessions)
-    servers = {name: Server(name, bundle, work, capacity, pool, args.lazy_tls) for name, (_, pool) in PATHS.items()}
+    paths = {name: (pool, 1 if name == "floor" else args.server_processes) for name, (_, pool) in PATHS.items()}
+    if args.server_processes > 1:
+        paths[f"floorx{args.server_processes}"] = (None, args.server_processes)
+    servers = {name: Server(name, bundle, work, capacity, pool, args.lazy_tls, n) for name, (pool, n) in paths.items()}
     rows = {}
     try:
         for server in servers.values():
             server.wait()
         for name, server in servers.items():  # each path's first episode: the server's and the pool's start-up
-            asyncio.run(measure(server.url, index_of(name), name != "floor", 1, 1))
+            asyncio.run(measure(server.urls, index_of(name), not name.startswith("floor"), 1, 1))
         for sessions in args.sessions:
             for name, server in servers.items():
                 episodes = max(1, args.episodes // sessions)
                 rows[(sessions, name)] = asyncio.run(
-                    measure(server.url, index_of(name), name != "floor", sessions, episodes))
+                    measure(server.urls, index_of(name), not name.startswith("floor"), sessions, episodes))
                 print(f"{sessions} sessions, {name}: {rows[(sessions, name)]}", file=sys.stderr)
     finally:
         for server in servers.values():
@@ -232,16 +251,16 @@ def main() -> None:
     tls = ("TLS contexts lazy (SSL_CERT_DIR only)" if args.lazy_tls or not os.environ.get("SSL_CERT_FILE")
            else "SSL_CERT_FILE set")
     block = (f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, load average {load} after "
-             f"the run, kit pool {pool}, {tls}, a fresh framework store per path. One run; medians and ratios are its "
-             f"own.\n\n{table(rows)}")
+             f"the run, kit pool {pool}, kit and plain from {args.server_processes} server process(es), {tls}, a "
+             f"fresh framework store per path. One run; medians and ratios are its own.\n\n{table(rows)}")
     print(f"### `{command}`\n\n{block}")
     if args.write_docs:
         write_docs(command.replace(" --write-docs", ""), block)
 
 
 def index_of(path: str) -> int:
-    """The task's index in the split ``all``, whose tasks are in name order: echo, floor."""
-    return ["echo", "floor"].index(PATHS[path][0])
+    """The path's task's index in the split ``all``, whose tasks are in name order: echo, floor."""
+    return 0 if path in ("kit", "plain") else 1
 
 
 if __name__ == "__main__":
