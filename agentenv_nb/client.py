@@ -59,8 +59,8 @@ class AgentEnv:
     are every task's. ``plain_text_replies`` passes the model's last plain-text reply to a turn it never ended, with
     ``reward_funcs=env.reward_funcs`` given to the trainer."""
 
-    def __init__(self, url: str | list[str], split: str = "train", reward: Reward = None, reset_timeout: float | None = None,
-                 call_timeout: float | None = None, patience: float | None = None,
+    def __init__(self, url: str | list[str], split: str = "train", reward: Reward = None,
+                 reset_timeout: float | None = None, call_timeout: float | None = None, patience: float | None = None,
                  toolsets: Literal["first", "each"] = "first", plain_text_replies: bool = False):
         self.urls = [u.rstrip("/") for u in ([url] if isinstance(url, str) else url)]
         self.url, self.split, self.reward, self.toolsets = self.urls[0], split, reward, toolsets

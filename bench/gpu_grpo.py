@@ -6,15 +6,16 @@ Usage::
     python bench/gpu_grpo.py --model /tmp/q4b --preset 16bit --no-cap --variants kit,bare
     python bench/gpu_grpo.py --smoke                           # CPU plumbing: tiny model, "cpu-tiny", 1 step
 
-Variants, with the preset's GRPO settings (32 rollouts a step, 1024 completion tokens), eval off, on one GridSim
-bundle: ``kit``, notebook 03's path (``AgentEnv.local``, process sandbox, 64 sessions over ``--server-processes``
-server processes; ``models.load_model``; ``presets.grpo_config``; Unsloth's GRPOTrainer with ``env.factory``,
-``env.reward_funcs``, ``env.metrics``, the console live plot); ``bare``, Unsloth's GRPOTrainer with the in-process ``ToyGridSim``, the floor the kit adds to; ``trl``,
-stock TRL with bitsandbytes 4-bit (bf16 for "16bit") and a PEFT LoRA on ToyGridSim, what a user would pick instead, in
-a subprocess as Unsloth patches TRL in its process. A step splits into generation (``generate`` calls), env (inside
-reset, tools, get_reward; overlaps counted once) and update (the rest), with peak GPU memory. A random model calls no
-tools, so the kit also times one step's episodes played with the expert's 3 tool calls each, in TRL's order
-(``env_tools_s``). An OOM is reported with the step reached; a variant stops after the step past ``--budget-s``.
+Variants, with the preset's GRPO settings (32 rollouts a step, 1024 completion tokens), eval off, on one GridSim bundle:
+``kit``, notebook 03's path (``AgentEnv.local``, process sandbox, 64 sessions over ``--server-processes`` server
+processes; ``models.load_model``; ``presets.grpo_config``; Unsloth's GRPOTrainer with ``env.factory``,
+``env.reward_funcs``, ``env.metrics``, the console live plot); ``bare``, Unsloth's GRPOTrainer with the in-process
+``ToyGridSim``, the floor the kit adds to; ``trl``, stock TRL with bitsandbytes 4-bit (bf16 for "16bit") and a PEFT LoRA
+on ToyGridSim, what a user would pick instead, in a subprocess as Unsloth patches TRL in its process. A step splits into
+generation (``generate`` calls), env (inside reset, tools, get_reward; overlaps counted once) and update (the rest),
+with peak GPU memory. A random model calls no tools, so the kit also times one step's episodes played with the expert's
+3 tool calls each, in TRL's order (``env_tools_s``). An OOM is reported with the step reached; a variant stops after the
+step past ``--budget-s``.
 Prints markdown; writes ``$OUT/grpo_<preset>[_nocap].json``.
 """
 
@@ -72,10 +73,12 @@ def free_memory(collect: bool = True) -> None:
 
 
 class Clock:
-    """Wall time spent inside timed calls, overlapping calls counted once, and the number of calls."""
+    """Wall time spent inside timed calls, overlapping calls counted once, the number of calls, and (``sync``) the
+    peak GPU memory allocated when the last call returned."""
 
     def __init__(self):
         self.total, self.calls, self._active, self._since, self._lock = 0.0, 0, 0, 0.0, threading.Lock()
+        self.peak_gib = None
 
     def wrap(self, function, sync: bool = False):
         """``function`` timed on this clock, its name, docstring and signature kept (TRL reads tools by them)."""
@@ -90,6 +93,7 @@ class Clock:
             finally:
                 if sync and CUDA:
                     torch.cuda.synchronize()
+                    self.peak_gib = torch.cuda.max_memory_allocated() / GIB
                 with self._lock:
                     self._active -= 1
                     if not self._active:
@@ -118,6 +122,7 @@ class StepTimer(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         free_memory(collect=False)
+        self.gen.peak_gib = None
         self._begin = (time.perf_counter(), self.gen.total, self.env.total)
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -126,7 +131,8 @@ class StepTimer(TrainerCallback):
         step_s, gen, env = (now - then for now, then in zip((time.perf_counter(), self.gen.total, self.env.total),
                                                              self._begin))
         self.steps.append({"step": state.global_step, "step_s": step_s, "gen_s": gen, "env_s": env,
-                           "update_s": step_s - gen - env, "env_pct": 100 * env / step_s, **peaks()})
+                           "update_s": step_s - gen - env, "env_pct": 100 * env / step_s,
+                           "gen_peak_alloc_gib": self.gen.peak_gib, **peaks()})
         if self.fake_oom_step == state.global_step:
             raise torch.OutOfMemoryError(f"simulated by --fake-oom after step {state.global_step}")
         control.should_training_stop |= bool(self.budget_s and time.perf_counter() - self._start > self.budget_s)
@@ -301,7 +307,8 @@ def summary(steps: list[dict], env_tools_s: float | None = None) -> dict:
 
     out = {"reached_step": len(steps), **{f"steady_{key}": mean(key) for key in ("step_s", "gen_s", "env_s",
                                                                                   "update_s", *LOGGED)},
-           **{k: max((s[k] for s in steps if k in s), default=None) for k in ("peak_alloc_gib", "peak_reserved_gib")}}
+           **{k: max((s[k] for s in steps if s.get(k) is not None), default=None)
+              for k in ("gen_peak_alloc_gib", "peak_alloc_gib", "peak_reserved_gib")}}
     if out["steady_step_s"]:
         out["env_pct"] = 100 * out["steady_env_s"] / out["steady_step_s"]
         out["env_tools_pct"] = None if env_tools_s is None else 100 * env_tools_s / out["steady_step_s"]
@@ -310,7 +317,8 @@ def summary(steps: list[dict], env_tools_s: float | None = None) -> dict:
 
 COLUMNS = [("variant", "variant", 0), ("step", "step", 0), ("status", "status", 0), ("step s", "step_s", 1),
            ("gen s", "gen_s", 1), ("env s", "env_s", 2), ("update s", "update_s", 1), ("env %", "env_pct", 1),
-           ("peak alloc GiB", "peak_alloc_gib", 2), ("peak reserved GiB", "peak_reserved_gib", 2),
+           ("peak alloc by generation's end GiB", "gen_peak_alloc_gib", 2), ("peak alloc GiB", "peak_alloc_gib", 2),
+           ("peak reserved GiB", "peak_reserved_gib", 2),
            ("tool calls", "tools/call_frequency", 2), ("completion len", "completions/mean_length", 0)]
 
 
