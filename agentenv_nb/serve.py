@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -122,8 +123,8 @@ class ServerProcesses:
                                                                 pass_fds=(listening.fileno(),)))
                     self.urls.append("http://{}:{}".format(*listening.getsockname()[:2]))
             self._wait_healthy(start_timeout)
-        except BaseException:
-            self.close()
+        except BaseException as e:
+            self.close(keep_logs=isinstance(e, TimeoutError))  # its message points at them; others quote them
             raise
 
     def _wait_healthy(self, timeout: float) -> None:
@@ -144,8 +145,9 @@ class ServerProcesses:
                                        f"start_timeout={timeout:g}s; their logs are in {self.logs}")
                 time.sleep(0.1 if waiting else 0)
 
-    def close(self) -> None:
-        """Stop every server: SIGTERM, which tears down its open episodes; SIGKILL after the shutdown timeout."""
+    def close(self, keep_logs: bool = False) -> None:
+        """Stop every server: SIGTERM, which tears down its open episodes; SIGKILL after the shutdown timeout. Their
+        logs (``logs``, while they run) go too, unless ``keep_logs``."""
         for process in self._processes:
             if process.poll() is None:
                 process.terminate()
@@ -158,6 +160,8 @@ class ServerProcesses:
                 process.wait()
             if process.stdin:
                 process.stdin.close()
+        if not keep_logs:
+            shutil.rmtree(self.logs, ignore_errors=True)
 
     def __enter__(self) -> ServerProcesses:
         return self
