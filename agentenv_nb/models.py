@@ -28,7 +28,7 @@ def load_model(name: str, preset: str, stage: str = "grpo", *, corpus: Iterable[
                tiny_dir: str | Path = "models/tiny-qwen3"):
     """``name`` (a Hub id, a folder, or "tiny", built at ``tiny_dir`` from ``corpus``) loaded as ``preset``
     says for ``stage`` ("sft" or "grpo"): with LoRA on every linear layer, or every weight trainable where the
-    preset fine-tunes in full; returns (model, tokenizer)."""
+    preset fine-tunes in full, on the preset's torch threads; returns (model, tokenizer)."""
     import_unsloth()
     from unsloth import FastLanguageModel
 
@@ -36,6 +36,10 @@ def load_model(name: str, preset: str, stage: str = "grpo", *, corpus: Iterable[
         from .tiny import build_tiny_model
 
         name = build_tiny_model(tiny_dir, corpus_texts=corpus)
+    if threads := presets.torch_threads(preset):
+        import torch
+
+        torch.set_num_threads(threads)
     full = presets.full_finetuning(preset, stage)
     model, tokenizer = FastLanguageModel.from_pretrained(**presets.model_kwargs(preset, name), full_finetuning=full)
     if not full:

@@ -35,7 +35,7 @@ def from_env(defaults: dict[str, Any]) -> dict[str, Any]:
 
 TINY = {"BUNDLE": "gridsim-tiny", "MODEL": "tiny", "PRESET": "cpu-tiny", "SANDBOX": "process", "EVAL_DAYS": "8",
         "MAX_NEW_TOKENS": "160", "DISTILL_ROUNDS": "1", "DISTILL_STEPS": "20", "MAX_STEPS": "4", "SAVE_STEPS": "2",
-        "MAX_CONCURRENT_ENVS": "16"}
+        "MAX_CONCURRENT_ENVS": "16", "SERVER_PROCESSES": "0"}
 
 
 def use_tiny_defaults(run_dir: str | os.PathLike) -> None:
@@ -44,3 +44,6 @@ def use_tiny_defaults(run_dir: str | os.PathLike) -> None:
     run_dir = os.fspath(run_dir)
     for name, value in {**TINY, "RUN_DIR": run_dir, "BUNDLES_DIR": os.path.join(run_dir, "bundles")}.items():
         os.environ.setdefault(PREFIX + name, value)
+    # The env framework's store of episodes (agent_env's SQLite under $XDG_STATE_HOME/agent-env) kept with the run, as
+    # on a fresh machine: the machine's own store holds every episode ever played here, and lookups slow as it grows.
+    os.environ.setdefault("XDG_STATE_HOME", os.path.join(os.path.abspath(run_dir), "state"))

@@ -84,6 +84,14 @@ def full_finetuning(preset: str, stage: str) -> bool:
     return preset == "cpu-tiny" and stage == "sft"
 
 
+def torch_threads(preset: str) -> int | None:
+    """Torch's CPU threads for a preset, or None for torch's default: one for "cpu-tiny", whose small CPU host also
+    runs the envs and their server. On two cores busy with other work, two threads spin against it: the tiny SFT
+    took 64 s on two threads and 31 s on one (12 s and 19 s on an idle machine)."""
+    _check_preset(preset)
+    return 1 if preset == "cpu-tiny" else None
+
+
 def peft_kwargs(preset: str, **overrides: Any) -> dict:
     """Keyword arguments for ``FastLanguageModel.get_peft_model``: LoRA r32/alpha64 on every linear layer."""
     _check_preset(preset)
@@ -141,9 +149,13 @@ def grpo_kwargs(preset: str, output_dir: str = "outputs", max_steps: int | None 
     if preset == "cpu-tiny":
         kwargs.update(
             max_steps=4, per_device_train_batch_size=4, gradient_accumulation_steps=2,  # 2 tasks x 4 rollouts
-            num_generations=4, max_completion_length=512, learning_rate=1e-3,  # a random tiny model needs a big step;
-            # 512 holds the whole GridSim conversation: two tool calls, the prices they return, and end_turn
-            warmup_steps=0, bf16=False, per_device_eval_batch_size=4)
+            num_generations=4, max_completion_length=512,  # 512 holds the whole GridSim conversation: two tool
+            # calls, the prices they return, and end_turn
+            warmup_steps=0, bf16=False, per_device_eval_batch_size=4,
+            # Notebook 02's tiny warm start, 8 train days x 4 samples: at 1.1 they score 0.02 and one group in 8 has
+            # any spread to learn from; at 0.8, 0.31 and all 8. With those advantages, 1e-3 undid the warm start in
+            # a step (eval 0.20 -> 0.0 after 4 steps); 3e-4 kept it (0.20 -> 0.30), in one run of notebook 03
+            temperature=0.8, learning_rate=3e-4)
     if max_steps is not None:
         kwargs["max_steps"] = max_steps
     if preset == "cpu-tiny":
@@ -175,7 +187,9 @@ def sft_kwargs(preset: str, output_dir: str = "sft-outputs", max_steps: int | No
         "eval_strategy": "no",
     }
     if preset == "cpu-tiny":
-        kwargs.update(max_steps=150, per_device_train_batch_size=8, gradient_accumulation_steps=1,
+        # 400 conversations, two a step: the expert's 16 demonstrations 25 times over (a CPU's cost is per conversation,
+        # batched or not). Enough for the tool calls and a valid 24-hour schedule with every seed tried (0-6)
+        kwargs.update(max_steps=200, per_device_train_batch_size=2, gradient_accumulation_steps=1,
                       learning_rate=3e-3, warmup_steps=0, max_length=1024, bf16=False)
     if max_steps is not None:
         kwargs["max_steps"] = max_steps
