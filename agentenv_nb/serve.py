@@ -107,7 +107,7 @@ class ServerProcesses:
     closes). Sessions spread over them, so episodes deploy, play and score on other cores than the trainer's."""
 
     def __init__(self, bundle: str | Path, processes: int, host: str, options: list[str], start_timeout: float,
-                 shutdown_timeout: float):
+                 shutdown_timeout: float, env: dict[str, str] | None = None):
         self._shutdown_timeout, self._processes, self.urls = shutdown_timeout, [], []
         self.logs = Path(tempfile.mkdtemp(prefix="agentenv-nb-servers."))
         close_at_exit(self.close)
@@ -119,7 +119,7 @@ class ServerProcesses:
                                *options]
                     with log.open("wb") as out:
                         self._processes.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=out,
-                                                                stderr=subprocess.STDOUT,
+                                                                stderr=subprocess.STDOUT, env=env,
                                                                 pass_fds=(listening.fileno(),)))
                     self.urls.append("http://{}:{}".format(*listening.getsockname()[:2]))
             self._wait_healthy(start_timeout)
@@ -172,16 +172,16 @@ class ServerProcesses:
 
 def serve_in_processes(bundle: str | Path, processes: int, host: str = "127.0.0.1", sandbox: str | None = None,
                        max_concurrent_envs: int = 8, reward: str | None = None, start_timeout: float = 120.0,
-                       shutdown_timeout: float = 30.0) -> ServerProcesses:
+                       shutdown_timeout: float = 30.0, env: dict[str, str] | None = None) -> ServerProcesses:
     """Serve ``bundle`` from ``processes`` subprocesses, ``max_concurrent_envs`` sessions among them (each takes
     its share, rounded up); returns once each answers ``/health``. ``reward`` must be a step id here: a function
-    can't cross to another process."""
+    can't cross to another process. ``env``: the servers' environment variables, if not this process's."""
     if callable(reward):
         raise ValueError("reward= is a function, which can't reach a server process: pass the step id whose score "
                          "is the reward, or serve on a thread (processes=0)")
     options = ["--max-concurrent-envs", str(-(-max_concurrent_envs // processes)),
                *(["--sandbox", sandbox] if sandbox else []), *(["--reward", reward] if reward else [])]
-    return ServerProcesses(bundle, processes, host, options, start_timeout, shutdown_timeout)
+    return ServerProcesses(bundle, processes, host, options, start_timeout, shutdown_timeout, env)
 
 
 def _serve_inherited(app, fd: int) -> None:

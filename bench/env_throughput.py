@@ -4,8 +4,8 @@ framework's floor, at 1, 8 and 32 concurrent sessions, in one run.
     /work/venv/bin/python bench/env_throughput.py                 # prints a markdown table
     /work/venv/bin/python bench/env_throughput.py --write-docs    # and writes it to docs/benchmarks.md
 
-Each path is a server of its own (``build_app(bundle, sandbox="process")`` under uvicorn, in a subprocess) serving one
-bundle written from the framework's echo-mcp example:
+Each path is a server of its own (``agentenv_nb.serve.serve_in_processes``: ``build_app(bundle, sandbox="process")``
+under uvicorn, in a subprocess) serving one bundle written from the framework's echo-mcp example:
 
 - ``kit``: the echo task (deploy_env, deploy_agent, prompt_agent, env_outcome_verifier) with the warm pool on;
 - ``plain``: the same task with ``AGENTENV_NB_ENV_POOL=0``, a fresh interpreter started per episode;
@@ -28,9 +28,7 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +36,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import websockets
+
+from agentenv_nb.session import ws_url
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "benchmarks.md"
@@ -74,68 +74,26 @@ def write_bundle(root: Path) -> Path:
     return root
 
 
-def serve(bundle: str, port: int, capacity: int) -> None:
-    """Run one path's server until it's killed (the subprocess side)."""
-    import uvicorn
-    from agent_env.openenv import build_app
+def serve_path(name: str, bundle: Path, work: Path, capacity: int, pool: str | None, lazy_tls: bool,
+               processes: int = 1):
+    """A path's servers (``agentenv_nb.serve.serve_in_processes``), sharing a working folder and a framework store
+    (XDG_STATE_HOME) of the path's own."""
+    from agentenv_nb.serve import serve_in_processes
 
-    app = build_app(bundle, sandbox="process", max_concurrent_envs=capacity)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
-
-
-class Server:
-    """A path's servers, ``processes`` subprocesses sharing a working folder and a framework store (XDG_STATE_HOME)
-    of the path's own; ``urls``, one a process."""
-
-    def __init__(self, name: str, bundle: Path, work: Path, capacity: int, pool: str | None, lazy_tls: bool,
-                 processes: int = 1):
-        # A store of its own, as a fresh machine has: the shared one's history slows every episode (see the docs).
-        env = {**os.environ, "AGENTENV_NB_WORK_DIR": str(work / f"{name}-envs"), "XDG_STATE_HOME": str(work / name)}
-        if pool is not None:
-            env["AGENTENV_NB_ENV_POOL"] = pool
-        if lazy_tls:  # httpx then loads CA certificates on demand, not a whole bundle for each client it makes
-            env.pop("SSL_CERT_FILE", None)
-            env["SSL_CERT_DIR"] = "/etc/ssl/certs"
-        (work / name).mkdir()
-        self.log = open(work / f"{name}.log", "w")
-        self.ports, self.processes = [], []
-        for _ in range(processes):
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                self.ports.append(probe.getsockname()[1])
-            self.processes.append(subprocess.Popen(
-                [sys.executable, __file__, "--serve", str(bundle), "--port", str(self.ports[-1]), "--capacity",
-                 str(-(-capacity // processes))], cwd=work / name, env=env, stdout=self.log, stderr=subprocess.STDOUT))
-        self.urls = [f"ws://127.0.0.1:{port}/ws" for port in self.ports]
-
-    def wait(self, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        for process, port in zip(self.processes, self.ports):
-            while True:
-                if process.poll() is not None:
-                    raise RuntimeError(f"a server exited; see {self.log.name}")
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"a server didn't start; see {self.log.name}") from None
-                    time.sleep(0.2)
-
-    def stop(self) -> None:
-        for process in self.processes:
-            process.terminate()
-        for process in self.processes:
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        self.log.close()
+    # A store of its own, as a fresh machine has: the shared one's history slows every episode (see the docs).
+    env = {**os.environ, "AGENTENV_NB_WORK_DIR": str(work / f"{name}-envs"), "XDG_STATE_HOME": str(work / name)}
+    if pool is not None:
+        env["AGENTENV_NB_ENV_POOL"] = pool
+    if lazy_tls:  # httpx then loads CA certificates on demand, not a whole bundle for each client it makes
+        env.pop("SSL_CERT_FILE", None)
+        env["SSL_CERT_DIR"] = "/etc/ssl/certs"
+    return serve_in_processes(bundle, processes, sandbox="process", max_concurrent_envs=capacity, env=env,
+                              start_timeout=300)
 
 
 async def session(url: str, index: int, episodes: int, echo: bool, results: list) -> None:
     """Play ``episodes`` episodes of task ``index`` on one WebSocket, appending (reset s, episode s, reward)."""
-    async with websockets.connect(url, max_size=None, open_timeout=60) as ws:
+    async with websockets.connect(ws_url(url), max_size=None, open_timeout=60) as ws:
         for _ in range(episodes):
             started = time.perf_counter()
             opened = await exchange(ws, {"type": "reset", "data": {"split": "all", "index": index}})
@@ -216,12 +174,7 @@ def main() -> None:
     parser.add_argument("--server-processes", type=int, default=1,
                         help="serve the kit and plain paths (and a floorxN path) from this many processes each")
     parser.add_argument("--write-docs", action="store_true", help=f"write the table under {HEADING!r} in {DOCS}")
-    parser.add_argument("--serve", help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--capacity", type=int, default=64, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve:
-        return serve(args.serve, args.port, args.capacity)
     command = " ".join(["/work/venv/bin/python", "bench/env_throughput.py", *sys.argv[1:]])
     work = Path(tempfile.mkdtemp(prefix="env-throughput-"))
     bundle = write_bundle(work / "bundle")
@@ -229,11 +182,10 @@ def main() -> None:
     paths = {name: (pool, 1 if name == "floor" else args.server_processes) for name, (_, pool) in PATHS.items()}
     if args.server_processes > 1:
         paths[f"floorx{args.server_processes}"] = (None, args.server_processes)
-    servers = {name: Server(name, bundle, work, capacity, pool, args.lazy_tls, n) for name, (pool, n) in paths.items()}
-    rows = {}
+    servers, rows = {}, {}
     try:
-        for server in servers.values():
-            server.wait()
+        for name, (pool, n) in paths.items():
+            servers[name] = serve_path(name, bundle, work, capacity, pool, args.lazy_tls, n)
         for name, server in servers.items():  # each path's first episode: the server's and the pool's start-up
             asyncio.run(measure(server.urls, index_of(name), not name.startswith("floor"), 1, 1))
         for sessions in args.sessions:
@@ -244,7 +196,7 @@ def main() -> None:
                 print(f"{sessions} sessions, {name}: {rows[(sessions, name)]}", file=sys.stderr)
     finally:
         for server in servers.values():
-            server.stop()
+            server.close()
         shutil.rmtree(work, ignore_errors=True)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     pool = os.environ.get("AGENTENV_NB_ENV_POOL", "8")
