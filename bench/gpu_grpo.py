@@ -5,6 +5,7 @@ Usage::
     python bench/gpu_grpo.py --model /tmp/q4b                  # "24gb" (4-bit), capped at 24 GB, 3 steps a variant
     python bench/gpu_grpo.py --model /tmp/q4b --preset 16bit --no-cap --variants kit,bare
     python bench/gpu_grpo.py --smoke                           # CPU plumbing: tiny model, "cpu-tiny", 1 step
+    python bench/gpu_grpo.py --model /tmp/q4b --variants bare --set steps_per_generation=1 --memory-history 4000000
 
 Variants, with the preset's GRPO settings (32 rollouts a step, 1024 completion tokens), eval off, on one GridSim bundle:
 ``kit``, notebook 03's path (``AgentEnv.local``, process sandbox, 64 sessions over ``--server-processes`` server
@@ -15,8 +16,10 @@ on ToyGridSim, what a user would pick instead, in a subprocess as Unsloth patche
 generation (``generate`` calls), env (inside reset, tools, get_reward; overlaps counted once) and update (the rest),
 with peak GPU memory. A random model calls no tools, so the kit also times one step's episodes played with the expert's
 3 tool calls each, in TRL's order (``env_tools_s``). An OOM is reported with the step reached; a variant stops after the
-step past ``--budget-s``.
-Prints markdown; writes ``$OUT/grpo_<preset>[_nocap].json``.
+step past ``--budget-s``. ``--set KEY=VALUE`` changes a GRPO setting for every variant (the 32-at-once rows of
+docs/benchmarks.md: ``steps_per_generation=1``); ``--memory-history N`` dumps the CUDA allocator's history of each
+variant for ``bench/memory_peak.py``.
+Prints markdown; writes ``$OUT/grpo_<preset>[_nocap][TAG].json``.
 """
 
 import argparse
@@ -189,23 +192,25 @@ def train(trainer, timer: StepTimer) -> None:
     trainer.train()
 
 
-def expert_step(factory: type, rows: list[dict], count: int) -> dict:
-    """One step's env work with tools, in TRL's order: ``count`` resets, get_prices on each, submit_schedule (the
-    optimum) and end_turn on each, every get_reward. Its wall time and mean reward."""
-    playing = [factory() for _ in range(count)]
-    try:
-        start = time.perf_counter()
-        for i, environment in enumerate(playing):
-            environment.reset(**rows[i % len(rows)])
-        prices = [json.loads(environment.get_prices()) for environment in playing]
-        for environment, day in zip(playing, prices):
-            environment.submit_schedule(schedule=battery.optimal_schedule(day))
-            environment.end_turn(response="done")
-        rewards = [environment.get_reward() or 0.0 for environment in playing]
-        return {"env_tools_s": time.perf_counter() - start, "env_tools_reward": sum(rewards) / count}
-    finally:
-        for environment in playing:
-            environment.__exit__()
+def expert_step(factory: type, rows: list[dict], count: int, batch: int) -> dict:
+    """One step's env work with tools, ``count`` rollouts in TRL's order, generation batch by generation batch of
+    ``batch``: the resets, get_prices on each, submit_schedule (the optimum) and end_turn on each, every get_reward.
+    Its wall time and mean reward."""
+    start, rewards = time.perf_counter(), []
+    for first in range(0, count, batch):
+        playing = [factory() for _ in range(min(batch, count - first))]
+        try:
+            for i, environment in enumerate(playing):
+                environment.reset(**rows[(first + i) % len(rows)])
+            prices = [json.loads(environment.get_prices()) for environment in playing]
+            for environment, day in zip(playing, prices):
+                environment.submit_schedule(schedule=battery.optimal_schedule(day))
+                environment.end_turn(response="done")
+            rewards += [environment.get_reward() or 0.0 for environment in playing]
+        finally:
+            for environment in playing:
+                environment.__exit__()
+    return {"env_tools_s": time.perf_counter() - start, "env_tools_reward": sum(rewards) / count}
 
 
 def run_kit(args, timer: StepTimer, result: dict) -> None:
@@ -221,7 +226,9 @@ def run_kit(args, timer: StepTimer, result: dict) -> None:
         train(GRPOTrainer(model=model, processing_class=tokenizer, args=config, train_dataset=env.dataset,
                           environment_factory=timed_class(env.factory, timer.env), reward_funcs=env.reward_funcs,
                           callbacks=[env.metrics, live_plot("console"), timer]), timer)
-        result.update(expert_step(env.factory, env.dataset.to_list(), config.generation_batch_size))
+        result.update(expert_step(env.factory, env.dataset.to_list(),
+                                  config.per_device_train_batch_size * config.gradient_accumulation_steps,
+                                  config.generation_batch_size))
 
 
 def run_bare(args, timer: StepTimer, result: dict) -> None:
@@ -352,8 +359,13 @@ def parse(argv=None):
     parser.add_argument("--budget-s", type=float, default=200.0, help="a variant stops after the step that passes it")
     parser.add_argument("--cap-gb", type=float, default=24.0, help="GPU memory held to this many GB (1e9 bytes)")
     parser.add_argument("--no-cap", dest="cap_gb", action="store_const", const=None, help="the whole GPU")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a GRPO setting over the preset's for every variant, VALUE as JSON (else a string)")
     parser.add_argument("--server-processes", type=int, default=8,
                         help="the kit's env servers beside the trainer (AgentEnv.local's processes; 0: a thread)")
+    parser.add_argument("--memory-history", type=int, default=0, metavar="N",
+                        help="record the CUDA allocator's last N events a variant and dump them to $OUT (0: off)")
+    parser.add_argument("--tag", default="", help="appended to the JSON report's name")
     parser.add_argument("--smoke", action="store_true", help="CPU plumbing: tiny model, cpu-tiny, 1 step")
     parser.add_argument("--fake-oom", choices=VARIANTS, help="raise an OOM after that variant's first step")
     for hidden in ("--bundle", "--work", "--child"):  # set for the TRL subprocess; --child: its GRPO kwargs (JSON)
@@ -370,11 +382,26 @@ def parse(argv=None):
     return args
 
 
-def write_report(name: str, report: dict) -> Path:
-    """``report`` as JSON in $OUT (./bench-out if unset)."""
+def settings(pairs: list[str]) -> dict:
+    """``--set`` pairs as GRPO settings: ``per_device_train_batch_size=4`` -> {"per_device_train_batch_size": 4}."""
+    def value(text):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return text
+    return {key: value(text) for key, _, text in (pair.partition("=") for pair in pairs)}
+
+
+def out_dir() -> Path:
+    """Where reports go: $OUT, ./bench-out if unset."""
     (out := Path(os.environ.get("OUT") or "bench-out")).mkdir(parents=True, exist_ok=True)
-    (out / name).write_text(json.dumps(report, indent=1))
-    return out / name
+    return out
+
+
+def write_report(name: str, report: dict) -> Path:
+    """``report`` as JSON in ``out_dir()``."""
+    (path := out_dir() / name).write_text(json.dumps(report, indent=1))
+    return path
 
 
 def main(argv=None) -> dict | None:
@@ -390,17 +417,24 @@ def main(argv=None) -> dict | None:
         args.model = build_tiny_model(Path(args.work) / "tiny")
     args.bundle = str(write_bundle(Path(args.work) / "gridsim", train=64, eval=4))
     args.overrides = {"output_dir": str(Path(args.work) / "grpo"), "max_steps": args.steps, "eval_strategy": "no",
-                      "eval_on_start": False}  # what every variant changes in its preset's GRPO settings
+                      "eval_on_start": False, **settings(args.set)}  # what every variant changes in the preset
     runs, results = {"kit": run_kit, "bare": run_bare, "trl": run_trl}, []
     for name in args.variants:
         print(f"== {name} ({args.preset}, cap {args.cap_gb or 'none'} GB, {args.steps} steps)", flush=True)
+        if args.memory_history and CUDA:
+            torch.cuda.memory._record_memory_history(stacks="python", max_entries=args.memory_history)
         results.append(run_variant(name, runs[name], args))
+        if args.memory_history and CUDA:
+            # bench/memory_peak.py reads it, as does pytorch.org/memory_viz
+            torch.cuda.memory._dump_snapshot(str(out_dir() / f"memory_{name}{args.tag}.pickle"))
+            torch.cuda.memory._record_memory_history(enabled=None)
         print(table(results[-1:]), flush=True)
     versions = {m: sys.modules[m].__version__ for m in ("torch", "transformers", "trl", "unsloth") if m in sys.modules}
     device = torch.cuda.get_device_name(0) if CUDA else "cpu"
     report = {"preset": args.preset, "cap_gb": args.cap_gb, "steps": args.steps, "smoke": args.smoke, "device": device,
-              "versions": versions, "results": results}
-    path = write_report(f"grpo_{args.preset}{'' if args.cap_gb else '_nocap'}.json", report)
+              "settings": settings(args.set),
+              "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "versions": versions, "results": results}
+    path = write_report(f"grpo_{args.preset}{'' if args.cap_gb else '_nocap'}{args.tag}.json", report)
     print(f"\n## GRPO, {args.preset}, GPU held to {args.cap_gb or 'all'} GB, {device}\n\n{table(results)}")
     print(f"\nwrote {path}")
     return report

@@ -15,7 +15,8 @@
 #
 # Usage: bash bench/gpu_run.sh [PARTS] [--smoke]     PARTS: comma-separated, default grpo,sft,test (add 16bit)
 #   DEADLINE_S (585): seconds for the whole run; GRPO_BUDGET_S (150): training seconds a GRPO variant may take;
-#   GRPO_VARIANTS (kit,bare,trl): the grpo part's variants.
+#   GRPO_VARIANTS (kit,bare,trl): the grpo part's variants; GRPO_ARGS: more options of gpu_grpo.py for it
+#   (e.g. "--set steps_per_generation=1").
 #   --smoke: the same parts on this CPU with /work/venv (tiny model, cpu-tiny; the site archive only unpacked).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -88,7 +89,8 @@ EOF
     MODEL=(--model /tmp/q4b)
   fi
 
-  part grpo 200 430 $PY bench/gpu_grpo.py "${MODEL[@]}" --variants "${GRPO_VARIANTS:-kit,bare,trl}" --budget-s "${GRPO_BUDGET_S:-150}"
+  part grpo 200 430 $PY bench/gpu_grpo.py "${MODEL[@]}" --variants "${GRPO_VARIANTS:-kit,bare,trl}" \
+    --budget-s "${GRPO_BUDGET_S:-150}" ${GRPO_ARGS:-}
   part sft 60 150 $PY bench/gpu_sft.py "${MODEL[@]}"
   part test 45 150 $PY -m pytest tests/gpu -o addopts= -q -rs -p no:cacheprovider --junitxml "$OUT/pytest.xml"
   part 16bit 100 300 $PY bench/gpu_grpo.py "${MODEL[@]}" --preset 16bit --no-cap --variants "${GRPO16_VARIANTS:-kit}" \

@@ -28,6 +28,11 @@ def test_24gb_is_the_seed_recipe():
     assert {name: kwargs[name] for name in RECIPE} == RECIPE
     assert set(UNSLOTH_CHANGES) <= set(kwargs)
     assert kwargs["use_vllm"] == presets.fast_inference("24gb")
+    # without vLLM, a step's 32 rollouts are generated 16 at a time (half the KV cache); each update still takes 32
+    assert kwargs.get("steps_per_generation") == (None if kwargs["use_vllm"] else 2)
+    assert presets.grpo_kwargs("24gb", gradient_accumulation_steps=1).get("steps_per_generation") in (None, 1)
+    assert presets.grpo_kwargs("24gb", steps_per_generation=4).get("steps_per_generation") == 4
+    assert "steps_per_generation" not in presets.grpo_kwargs("16bit")
     model = presets.model_kwargs("24gb", "qwen3-4b-gridsim-sft")
     assert model["load_in_4bit"] and model["max_seq_length"] == 4096 and model["max_lora_rank"] == 32
     assert not presets.model_kwargs("16bit", "m")["load_in_4bit"]
@@ -69,7 +74,8 @@ def test_user_arguments(tmp_path):
 
 def test_concurrent_sessions(tmp_path):
     big = presets.grpo_config("24gb", output_dir=str(tmp_path))
-    assert presets.concurrent_sessions(big) == 32  # 32 rollouts a step; the 32 of an eval reuse them
+    assert presets.concurrent_sessions(big) == 32  # 32 rollouts a step (generated 16 at a time without vLLM)
+    assert big.generation_batch_size == (32 if big.use_vllm else 16)  # ... and an eval batch of 32
     assert presets.concurrent_sessions(big, environments=2) == 64
     tiny = presets.grpo_config("cpu-tiny", output_dir=str(tmp_path), per_device_eval_batch_size=16)
     assert presets.concurrent_sessions(tiny) == 16  # an eval batch larger than a step's rollouts
