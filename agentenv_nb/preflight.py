@@ -26,10 +26,12 @@ import pandas as pd
 from agentenv_nb import sandboxes
 
 COLUMNS = ["check", "status", "detail", "fix"]
-GPU_NEED_GB = {  # free GPU memory a preset's GRPO run needs
-    "24gb": 22.0,  # seeds/000: the 4-bit run used about 22 GB of an L4's 24
-    "16bit": 40.0,  # seeds/000 ran it on a 48 GB L40S without saying how much it used; vLLM takes half the GPU
-    "cpu-tiny": 0.0,
+GPU_NEED_GB = {  # free GPU memory a preset's GRPO run needs: (with Unsloth's vLLM, with transformers' generate)
+    # seeds/000: the 4-bit run used about 22 GB of an L4's 24; without vLLM 11.35 GiB at its peak (docs/benchmarks.md)
+    "24gb": (22.0, 13.0),
+    # seeds/000 ran it on a 48 GB L40S without saying how much it used, vLLM taking half; without, 23.0 GiB at its peak
+    "16bit": (40.0, 25.0),
+    "cpu-tiny": (0.0, 0.0),
 }
 THINKING_BUDGET = 6144  # seeds/000: Qwen3-4B's thinking on a GridSim day ran past 6,144 tokens before any tool call
 CPU_PINS = ("trl", "transformers", "unsloth")  # what the CPU path (stock TRL after unsloth's patch) depends on
@@ -55,7 +57,7 @@ def check_gpu(preset: str) -> list[dict]:
     """The GPU's name and free memory against what ``preset`` needs; no GPU fails a GPU preset."""
     import torch
 
-    need = GPU_NEED_GB[preset]
+    need = gpu_need_gb(preset)
     if not torch.cuda.is_available():
         if not need:
             return [_row("gpu", "ok", f"no GPU; the {preset} preset runs on the CPU")]
@@ -67,8 +69,16 @@ def check_gpu(preset: str) -> list[dict]:
     if free >= need:
         return [_row("gpu", "ok", seen)]
     fix = ("restart the runtime to free what earlier cells hold, or stop other processes on the GPU (nvidia-smi)"
-           if total >= need else f"a GPU with at least {need:.0f} GB, or a smaller preset ('24gb' needs 22 GB)")
+           if total >= need else f"a GPU with at least {need:.0f} GB, or a smaller preset ('24gb' needs "
+                                 f"{gpu_need_gb('24gb'):.0f} GB)")
     return [_row("gpu", "fail", seen, fix)]
+
+
+def gpu_need_gb(preset: str) -> float:
+    """The free GPU memory ``preset``'s GRPO run needs here: less where it generates without vLLM."""
+    from agentenv_nb.presets import fast_inference
+
+    return GPU_NEED_GB[preset][0 if fast_inference(preset) else 1]
 
 
 def check_versions(preset: str, requirements: str | Path = REQUIREMENTS) -> list[dict]:
