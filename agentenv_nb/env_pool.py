@@ -39,6 +39,7 @@ from agentenv_nb.env_image import EnvImage, owned_prefix, work_dir
 _ZYGOTE = str(Path(__file__).with_name("env_zygote.py"))
 _PRIVATE_MARK, _READY_MARK = "private", "ready"  # env_zygote's marks: it isn't imported here, so they're repeated
 _POLL_S = 0.01
+_PORT_TRIES = 3  # starts of an env process whose port another process took before it bound it (see _free_port)
 _SERVER_LIBRARIES = ("mcp.server.fastmcp", "uvicorn")  # what agentenv_protocol's serve() imports when it runs
 
 
@@ -139,14 +140,19 @@ class Pool:
             if process.alive():
                 return self._handed(process)
             process.kill()
-        # Without a pool, on this (the event loop's) thread: a process dies with the thread that started it.
-        process = await asyncio.to_thread(self._start) if self.size else self._start()
-        try:
-            await _ready(process, start_timeout)
-        except BaseException:
-            process.kill()
-            raise
-        return self._handed(process)
+        for attempt in range(1, _PORT_TRIES + 1):
+            # Without a pool, on this (the event loop's) thread: a process dies with the thread that started it.
+            process = await asyncio.to_thread(self._start) if self.size else self._start()
+            try:
+                await _ready(process, start_timeout)
+                return self._handed(process)
+            except EnvStartError as e:
+                process.kill()
+                if attempt == _PORT_TRIES or "address already in use" not in str(e).lower():
+                    raise
+            except BaseException:
+                process.kill()
+                raise
 
     def _handed(self, process: EnvProcess) -> EnvProcess:
         with self._lock:
@@ -300,6 +306,8 @@ def _check_starting(process: EnvProcess, deadline: float, timeout: float) -> Non
 
 
 def _free_port() -> int:
+    """A loopback port free now. The env binds it later, so another process may take it first: env_zygote then marks
+    the env ready only for a listener of its own, and ``Pool.take`` starts another on a new port."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]

@@ -72,15 +72,73 @@ def become(process: dict) -> None:
 
 
 def _mark_ready(port: int, root: int) -> None:
-    """Write ``READY_MARK`` in the process's folder once its server accepts connections: uvicorn listens only after
-    the app has started, so its card is served by then, and the parent needn't poll it over HTTP."""
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.005)
+    """Write ``READY_MARK`` in the process's folder once its own server listens on ``port``: uvicorn listens only after
+    the app has started, so its card is served by then, and the parent needn't poll it over HTTP. A listener another
+    process put on the port (it took the port between the parent's pick and this server's bind) doesn't count: this
+    server's bind fails and the process exits, saying so, rather than the episode talking to another env."""
+    while not (_accepts(port) and _listening_here(port)):  # the cheap check first, the tables once it passes
+        time.sleep(0.005)
     os.close(os.open(READY_MARK, os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=root))
+
+
+def _accepts(port: int) -> bool:
+    """Whether something accepts connections on loopback ``port``."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def _listening_here(port: int) -> bool:
+    """Whether a process of this env's process group (this one, or a server it started) listens on TCP ``port``:
+    Linux's tables of listeners against the group's socket descriptors."""
+    listeners = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as rows:
+                next(rows)  # the header
+                for row in rows:
+                    fields = row.split()  # sl, local address, remote address, state (0A: listening), ..., inode
+                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        listeners.add(fields[9])
+        except OSError:  # no IPv6
+            continue
+    if not listeners:
+        return False
+    if listeners & _sockets(os.getpid()):
+        return True
+    return any(listeners & _sockets(pid) for pid in _group(os.getpgrp()) if pid != os.getpid())
+
+
+def _sockets(pid: int) -> set:
+    """The inodes of process ``pid``'s sockets."""
+    inodes = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:  # gone
+        return inodes
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed since the listing
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:["):-1])
+    return inodes
+
+
+def _group(pgrp: int) -> list:
+    """The pids of process group ``pgrp``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                if entry.isdigit() and int(stat.read().rsplit(")", 1)[1].split()[2]) == pgrp:
+                    pids.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return pids
 
 
 def _private(libc, root: str, names: list) -> None:

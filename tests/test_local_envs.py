@@ -191,6 +191,33 @@ def test_a_fresh_interpreter_per_episode_when_the_pool_is_off(server, monkeypatc
     assert asyncio.run(play(server))["reward"] == 1.0
 
 
+def test_a_port_another_process_took_is_not_taken_for_the_env(server, monkeypatch):
+    """An env's port is picked before the env binds it, so another process can take it first (under load, one reset
+    in a few hundred did): the env must not be marked ready for that listener, which would have the episode talk to
+    another env. Here the test holds the port, closing what connects; the sandbox starts the env on another port."""
+    monkeypatch.setenv("AGENTENV_NB_ENV_POOL", "0")
+    handed, free_port = [], env_pool._free_port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+
+        def refuse() -> None:  # what a listener that isn't the env looks like to the framework
+            try:
+                while True:
+                    squatter.accept()[0].close()
+            except OSError:  # the test closed it
+                return
+
+        def pick() -> int:  # the held port first, as if the race were lost; then free ones
+            handed.append(free_port() if handed else squatter.getsockname()[1])
+            return handed[-1]
+
+        threading.Thread(target=refuse, daemon=True).start()
+        monkeypatch.setattr(env_pool, "_free_port", pick)
+        assert asyncio.run(play(server))["reward"] == 1.0
+    assert len(handed) == 2 and handed[0] != handed[1]  # the taken port, then a free one
+
+
 def test_an_unknown_tool_and_bad_arguments_are_tool_errors_and_the_episode_goes_on(server):
     async def run():
         async with websockets.connect(server, max_size=None) as ws:
