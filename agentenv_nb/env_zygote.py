@@ -131,12 +131,12 @@ def _sockets(pid: int) -> set:
 def _group(pgrp: int) -> list:
     """The pids of process group ``pgrp``."""
     pids = []
-    for entry in os.listdir("/proc"):
+    for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{entry}/stat") as stat:
-                if entry.isdigit() and int(stat.read().rsplit(")", 1)[1].split()[2]) == pgrp:
-                    pids.append(int(entry))
-        except (OSError, ValueError, IndexError):
+            with open(f"/proc/{pid}/stat") as stat:  # "pid (name) state ppid pgrp ...": the name may hold spaces
+                if int(stat.read().rsplit(")", 1)[1].split()[2]) == pgrp:
+                    pids.append(int(pid))
+        except OSError:  # gone
             continue
     return pids
 

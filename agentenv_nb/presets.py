@@ -163,7 +163,7 @@ def grpo_kwargs(preset: str, output_dir: str = "outputs", max_steps: int | None 
     kwargs = {**kwargs, **_checkpointing(output_dir, save_steps, resume), **overrides}
     if preset == "24gb" and not use_vllm and "steps_per_generation" not in overrides:
         # transformers' generate (Unsloth's without vLLM) holds the KV cache of every rollout it generates at once:
-        # a step's 32 in two batches of 16 peaked at 11.1 GiB reserved, not 18.2, at 1.38x the step time (H200 held
+        # a step's 32 in two batches of 16 peaked at 11.1 GiB reserved, not 18.2, at 1.37x the step time (H200 held
         # to 24 GB, docs/benchmarks.md). Each optimizer step still takes 32 rollouts of one policy
         kwargs["steps_per_generation"] = max(1, kwargs["gradient_accumulation_steps"] // 2)
     return kwargs

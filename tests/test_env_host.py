@@ -111,14 +111,13 @@ def test_local_server_processes_share_the_sessions_and_leave_nothing_behind(tmp_
     from agentenv_nb import gridsim
     from agentenv_nb.client import AgentEnv
     from agentenv_nb.env_image import work_dir
-    from agentenv_nb.session import CapacityError
+    from agentenv_nb.session import CapacityError, ws_url
 
     bundle = gridsim.write_bundle(tmp_path / "gridsim-tiny", train=4, eval=2)
     with AgentEnv.local(bundle, sandbox="process", max_concurrent_envs=4, processes=2) as env:
         servers = env._server._processes
         rows, plays = env.dataset.to_list(), [env.factory() for _ in range(4)]
-        assert sorted(play._session.url for play in plays) == sorted(2 * [url.replace("http", "ws") + "/ws"
-                                                                           for url in env.urls])
+        assert sorted(play._session.url for play in plays) == sorted(2 * [ws_url(url) for url in env.urls])
         for play, row in zip(plays, rows):
             play.reset(**row)
         for play in plays:
