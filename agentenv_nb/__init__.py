@@ -1,21 +1,22 @@
 """agentenv_nb: train LLM agents on agent-task bundles with Unsloth's GRPO, from a notebook.
 
-    from agentenv_nb import AgentEnv, bundles
-    env = AgentEnv.local(bundles.get_bundle("gridsim-tiny"), split="train", sandbox="process")
+The subpackages follow the flow: ``tasks`` (bundles, GridSim) -> ``envs`` (where envs run, serving) ->
+``client`` (``AgentEnv``: TRL's dataset and environment_factory) -> ``train`` (presets, models, rollouts) ->
+``notebook`` (parameters, live plot, eval curve, preflight).
 
-Imports stay light: the trainer stack loads only when a module that needs it is used.
+    from agentenv_nb import AgentEnv
+    from agentenv_nb.tasks import bundles
+    env = AgentEnv.local(bundles.get_bundle("gridsim-tiny"), split="train")
+
+Importing the package starts nothing and imports neither torch nor unsloth.
 """
-
-from .stack import hide_broken_torchvision
-
-hide_broken_torchvision()  # before anything imports transformers, which a broken torchvision breaks for good
 
 __all__ = ["AgentEnv"]
 
 
 def __getattr__(name: str):
     if name == "AgentEnv":
-        from .client import AgentEnv
+        from agentenv_nb.client import AgentEnv
 
         return AgentEnv
     raise AttributeError(f"module 'agentenv_nb' has no attribute {name!r}")

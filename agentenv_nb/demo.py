@@ -1,50 +1,7 @@
-"""Run the four notebooks top to bottom on the tiny bundle and model, on CPU, and keep what they made:
+"""``python -m agentenv_nb.demo [OUT]``: the four notebooks on the tiny bundle and model, on CPU
+(``notebook.runner``)."""
 
-    python -m agentenv_nb.demo runs/demo
-
-writes the executed notebooks, the run (bundle, SFT model, GRPO checkpoints and logs) and the eval curve (PNG
-and CSV) under ``runs/demo``, and prints each notebook's wall time. ``AGENTENV_NB_*`` variables change any
-notebook parameter (``agentenv_nb.params``).
-"""
-
-from __future__ import annotations
-
-import argparse
-import os
-import time
-from pathlib import Path
-
-import nbformat
-from nbclient import NotebookClient
-
-from .params import use_tiny_defaults
-
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-
-
-def run_notebooks(out: Path, timeout: int = 900) -> dict[str, float]:
-    """Execute each notebook in order into ``out``; returns the wall seconds of each. Stops at the first that
-    fails, naming it; its executed copy, with the error, is kept in ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    use_tiny_defaults(out.resolve() / "run")
-    os.environ.setdefault("MPLBACKEND", "Agg")
-    seconds = {}
-    for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
-        notebook = nbformat.read(path, as_version=4)
-        start = time.perf_counter()
-        try:
-            NotebookClient(notebook, timeout=timeout, kernel_name="python3",
-                           resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
-        finally:
-            seconds[path.stem] = time.perf_counter() - start
-            nbformat.write(notebook, out / path.name)
-        print(f"{path.stem}: {seconds[path.stem]:.1f} s", flush=True)
-    return seconds
-
+from agentenv_nb.notebook.runner import main
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m agentenv_nb.demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out", nargs="?", default="runs/demo", help="the folder to write to (default runs/demo)")
-    times = run_notebooks(Path(parser.parse_args().out))
-    print(f"all four: {sum(times.values()):.1f} s; the eval curve is in {parser.parse_args().out}/run")
+    main()

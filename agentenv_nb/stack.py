@@ -1,10 +1,9 @@
 """Import the trainer stack in the order it needs, on a GPU or a plain CPU.
 
 Unsloth must be imported before TRL so it can rewrite TRL's trainers (on a GPU), or patch TRL
-1.15's fused LM head so it runs at all (on a CPU). A torchvision wheel whose compiled operators
-don't match the installed torch (seen: torchvision 0.28.0 from PyPI beside torch 2.13.0+cpu) breaks
-``from transformers import PreTrainedModel`` and ``import unsloth``; it is hidden here, the one place
-that works around it.
+1.15's fused LM head so it runs at all (on a CPU). A torchvision wheel whose compiled operators don't match the
+installed torch (seen: PyPI's torchvision 0.28.0 beside torch 2.13.0+cpu) breaks ``from transformers import
+PreTrainedModel`` and ``import unsloth``; it is hidden first, here, the one place that works around it.
 
 Usage::
 
@@ -25,11 +24,8 @@ from types import ModuleType
 
 
 def hide_broken_torchvision() -> str | None:
-    """Hide torchvision from this process when its compiled ops don't load; return why, else None.
-
-    transformers imports torchvision whenever it is installed, and a broken one makes every model
-    class fail to import; text models never need it, so it is blocked as if not installed.
-    """
+    """Hide torchvision from this process when its compiled ops don't load, as if not installed; return why, else
+    None. transformers imports torchvision whenever it is installed, and text models never need it."""
     if sys.modules.get("torchvision", False) is None or importlib.util.find_spec("torchvision") is None:
         return None
     try:

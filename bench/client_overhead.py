@@ -21,8 +21,8 @@ from pathlib import Path
 from websockets.sync.client import connect
 
 from agentenv_nb import AgentEnv
-from agentenv_nb.gridsim import write_bundle
-from agentenv_nb.session import ws_url
+from agentenv_nb.tasks.gridsim import write_bundle
+from agentenv_nb.client.session import ws_url
 
 TOOL, ARGUMENTS = "get_prices", {}
 

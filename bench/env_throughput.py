@@ -4,7 +4,7 @@ framework's floor, at 1, 8 and 32 concurrent sessions, in one run.
     /work/venv/bin/python bench/env_throughput.py                 # prints a markdown table
     /work/venv/bin/python bench/env_throughput.py --write-docs    # and writes it to docs/benchmarks.md
 
-Each path is a server of its own (``agentenv_nb.serve.serve_in_processes``: ``build_app(bundle, sandbox="process")``
+Each path is a server of its own (``agentenv_nb.envs.serving.serve_in_processes``: ``build_app(bundle, sandbox="process")``
 under uvicorn, in a subprocess) serving one bundle written from the framework's echo-mcp example:
 
 - ``kit``: the echo task (deploy_env, deploy_agent, prompt_agent, env_outcome_verifier) with the warm pool on;
@@ -37,11 +37,11 @@ from pathlib import Path
 
 import websockets
 
-from agentenv_nb.session import ws_url
+from agentenv_nb.client.session import ws_url
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "benchmarks.md"
-HEADING = "## Env throughput (issue 2)"
+HEADING = "## Env throughput"
 PATHS = {"kit": ("echo", None), "plain": ("echo", "0"), "floor": ("floor", None)}  # task, AGENTENV_NB_ENV_POOL
 TEXT = "hello from agent-env"  # what the example's verifier sends through the echo tool
 ECHO_TASK = [
@@ -76,9 +76,9 @@ def write_bundle(root: Path) -> Path:
 
 def serve_path(name: str, bundle: Path, work: Path, capacity: int, pool: str | None, lazy_tls: bool,
                processes: int = 1):
-    """A path's servers (``agentenv_nb.serve.serve_in_processes``), sharing a working folder and a framework store
+    """A path's servers (``agentenv_nb.envs.serving.serve_in_processes``), sharing a working folder and a framework store
     (XDG_STATE_HOME) of the path's own."""
-    from agentenv_nb.serve import serve_in_processes
+    from agentenv_nb.envs.serving import serve_in_processes
 
     # A store of its own, as a fresh machine has: the shared one's history slows every episode (see the docs).
     env = {**os.environ, "AGENTENV_NB_WORK_DIR": str(work / f"{name}-envs"), "XDG_STATE_HOME": str(work / name)}

@@ -45,7 +45,7 @@ if "--child" not in sys.argv or not CUDA:  # Unsloth before transformers and TRL
     import_unsloth()  # subprocess stays stock TRL on a GPU (on a CPU, TRL 1.15 can't step without unsloth_zoo's patch)
 from transformers import TrainerCallback  # noqa: E402
 
-from agentenv_nb.gridsim import battery, write_bundle  # noqa: E402
+from agentenv_nb.tasks.gridsim import battery, write_bundle  # noqa: E402
 
 VARIANTS = ("kit", "bare", "trl")
 LOGGED = ("tools/call_frequency", "completions/mean_length", "reward", "loss")
@@ -181,7 +181,7 @@ class ToyGridSim:
 def toy_rows(bundle: str):
     """The bundle's train days as a dataset: the kit's prompt (its task's system prompt and prompt), the prices."""
     from datasets import Dataset
-    from agentenv_nb.gridsim.generate import SYSTEM_PROMPT, read_days
+    from agentenv_nb.tasks.gridsim.generate import SYSTEM_PROMPT, read_days
     return Dataset.from_list([{"prompt": [{"role": "system", "content": SYSTEM_PROMPT},
                                           {"role": "user", "content": f"Schedule the battery for {day['day']}."}],
                                "prices": day["prices"]} for day in read_days(bundle, "train")])
@@ -216,8 +216,9 @@ def expert_step(factory: type, rows: list[dict], count: int, batch: int) -> dict
 def run_kit(args, timer: StepTimer, result: dict) -> None:
     from trl import GRPOTrainer
 
-    from agentenv_nb import AgentEnv, models, presets
-    from agentenv_nb.live import live_plot
+    from agentenv_nb import AgentEnv
+    from agentenv_nb.train import models, presets
+    from agentenv_nb.notebook.live import live_plot
     with AgentEnv.local(args.bundle, split="train", sandbox="process", max_concurrent_envs=64,
                         processes=args.server_processes) as env:
         model, tokenizer = models.load_model(args.model, args.preset)
@@ -235,7 +236,7 @@ def run_bare(args, timer: StepTimer, result: dict) -> None:
     from trl import GRPOTrainer
     from unsloth import FastLanguageModel
 
-    from agentenv_nb import presets
+    from agentenv_nb.train import presets
     model, tokenizer = FastLanguageModel.from_pretrained(**presets.model_kwargs(args.preset, args.model))
     model = FastLanguageModel.get_peft_model(model, **presets.peft_kwargs(args.preset))
     train(GRPOTrainer(model=model, processing_class=tokenizer, args=presets.grpo_config(args.preset, **args.overrides),
@@ -249,7 +250,7 @@ def run_trl_here(args, timer: StepTimer, result: dict) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
     from trl import GRPOConfig, GRPOTrainer
 
-    from agentenv_nb import presets
+    from agentenv_nb.train import presets
     dtype = torch.float32 if args.preset == "cpu-tiny" else torch.bfloat16
     quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                                       bnb_4bit_compute_dtype=torch.bfloat16) if args.preset == "24gb" else None
@@ -265,7 +266,7 @@ def run_trl_here(args, timer: StepTimer, result: dict) -> None:
 
 def run_trl(args, timer: StepTimer, result: dict) -> None:
     """The ``trl`` variant: the same GRPO settings, as stock TRL takes them, in a subprocess writing its result."""
-    from agentenv_nb import presets
+    from agentenv_nb.train import presets
     spec = Path(args.work) / "trl_grpo_kwargs.json"
     spec.write_text(json.dumps({**presets.grpo_kwargs(args.preset, **args.overrides), "scale_rewards": "group"}))
     command = [sys.executable, os.path.abspath(__file__), *args.argv, "--child", str(spec), "--model", args.model,
@@ -413,7 +414,7 @@ def main(argv=None) -> dict | None:
         return None
     args.work = tempfile.mkdtemp(prefix="gpu_grpo.")
     if args.smoke:
-        from agentenv_nb.tiny import build_tiny_model
+        from agentenv_nb.train.tiny import build_tiny_model
         args.model = build_tiny_model(Path(args.work) / "tiny")
     args.bundle = str(write_bundle(Path(args.work) / "gridsim", train=64, eval=4))
     args.overrides = {"output_dir": str(Path(args.work) / "grpo"), "max_steps": args.steps, "eval_strategy": "no",

@@ -1,27 +1,78 @@
 #!/usr/bin/env bash
-# The GPU proof in ONE device run (the `run` tool: <= 600 s, carry [".gpu/site.tar.xz"]). Unpacks the archive that
-# bench/gpu_site.sh made here to /var/tmp/gpu-site, not /tmp: as root, the process sandbox gives each env process a
-# /tmp of its own, where a site folder under /tmp is gone. Puts it and the repo on PYTHONPATH, builds the random
-# Qwen3-4B-shaped model once in /tmp/q4b, then runs the parts, most important first, each under `timeout`, within a
-# deadline:
+# The GPU proof in ONE run on the GPU machine, within a deadline. Unpacks the archive that bench/gpu_site.sh made
+# (carry it with the working tree) to GPU_SITE_DIR, puts it and the repo on PYTHONPATH, builds the random
+# Qwen3-4B-shaped model once in MODEL_DIR, then runs the parts, most important first, each under `timeout`:
 #
-#   grpo   bench/gpu_grpo.py: the kit, bare Unsloth, plain TRL; 4-bit, GPU held to 24 GB  -> $OUT/grpo_24gb.json
-#   sft    bench/gpu_sft.py: notebook 02's SFT, 4-bit, 24 GB                               -> $OUT/sft_24gb.json
-#   test   pytest tests/gpu: a 4-bit GRPO step through AgentEnv whose rollouts call tools  -> $OUT/pytest.xml
-#   16bit  optional: bench/gpu_grpo.py --preset 16bit --no-cap (GRPO16_VARIANTS: kit) -> $OUT/grpo_16bit_nocap.json
+#   grpo   bench/gpu_grpo.py: the kit, bare Unsloth, plain TRL; 4-bit, GPU held to 24 GB  -> OUT/grpo_24gb.json
+#   sft    bench/gpu_sft.py: notebook 02's SFT, 4-bit, 24 GB                               -> OUT/sft_24gb.json
+#   test   pytest tests/gpu: a 4-bit GRPO step through AgentEnv whose rollouts call tools  -> OUT/pytest.xml
+#   16bit  optional: bench/gpu_grpo.py --preset 16bit --no-cap (GRPO16_VARIANTS: kit) -> OUT/grpo_16bit_nocap.json
 #
 # A part that no longer fits before the deadline is skipped, saying so (run it in a later call). Everything printed
-# also goes to $OUT/run.log. The site folder and /tmp/q4b are reused when a warm machine still has them.
-#
-# Usage: bash bench/gpu_run.sh [PARTS] [--smoke]     PARTS: comma-separated, default grpo,sft,test (add 16bit)
-#   DEADLINE_S (585): seconds for the whole run; GRPO_BUDGET_S (150): training seconds a GRPO variant may take;
-#   GRPO_VARIANTS (kit,bare,trl): the grpo part's variants; GRPO_ARGS: more options of gpu_grpo.py for it
-#   (e.g. "--set steps_per_generation=1").
-#   --smoke: the same parts on this CPU with /work/venv (tiny model, cpu-tiny; the site archive only unpacked).
+# also goes to OUT/run.log. The site folder and the model are reused when they are still there from an earlier run.
+# What this assumes about the GPU machine (its Python, torch, the site folder's place) is in bench/gpu_machine.env;
+# see docs/benchmarks.md, "Running the GPU benchmarks".
 set -uo pipefail
-cd "$(dirname "$0")/.."
+
+usage() {
+  cat <<'EOF'
+Usage: bash bench/gpu_run.sh [OPTIONS] [PARTS]
+
+Run the GPU benchmarks on the GPU machine, from the repository's root there, within a deadline.
+PARTS: comma-separated, from grpo,sft,test,16bit (default grpo,sft,test; "none" only unpacks and builds the model).
+
+Options (each has an environment variable; a flag wins over it):
+  --smoke                the same parts on this machine's CPU, with a tiny model (the archive is only unpacked)
+  --python PY            Python that runs the parts [BENCH_PYTHON; default: on the GPU machine GPU_PYTHON
+                         (python3), with --smoke .venv/bin/python if present, else python3]
+  --archive FILE         the archive from bench/gpu_site.sh [GPU_SITE_ARCHIVE; default .gpu/site.tar.xz];
+                         "none": no archive, the machine's Python has the kit's packages itself
+  --site-dir DIR         where to unpack it on the GPU machine [GPU_SITE_DIR; default in bench/gpu_machine.env]
+  --model-dir DIR        where to build the random Qwen3-4B-shaped model [MODEL_DIR; default /tmp/q4b]
+  --out DIR              results and run.log [OUT; default bench-out]
+  --deadline S           seconds for the whole run [DEADLINE_S; default 585]
+  --machine-env FILE     the GPU machine's description [GPU_MACHINE_ENV; default bench/gpu_machine.env]
+  -h, --help             print this and exit
+
+More settings, by environment variable: GRPO_BUDGET_S (150): training seconds a GRPO variant may take;
+GRPO_VARIANTS (kit,bare,trl): the grpo part's variants; GRPO16_VARIANTS (kit): the 16bit part's;
+GRPO_ARGS: more options of bench/gpu_grpo.py for the grpo part (e.g. "--set steps_per_generation=1").
+Relative paths are taken from the repository root.
+EOF
+}
+
 PARTS=grpo,sft,test SMOKE=0
-for arg in "$@"; do case $arg in --smoke) SMOKE=1 ;; *) PARTS=$arg ;; esac; done
+while (( $# )); do
+  case $1 in
+    -h|--help) usage; exit 0 ;;
+    --smoke) SMOKE=1 ;;
+    --python|--archive|--site-dir|--model-dir|--out|--deadline|--machine-env)
+      (( $# >= 2 )) || { echo "gpu_run.sh: $1 needs a value" >&2; exit 2; }
+      case $1 in
+        --python) BENCH_PYTHON=$2 ;;
+        --archive) GPU_SITE_ARCHIVE=$2 ;;
+        --site-dir) GPU_SITE_DIR=$2 ;;
+        --model-dir) MODEL_DIR=$2 ;;
+        --out) OUT=$2 ;;
+        --deadline) DEADLINE_S=$2 ;;
+        --machine-env) GPU_MACHINE_ENV=$2 ;;
+      esac
+      shift ;;
+    --*=*) set -- "${1%%=*}" "${1#*=}" "${@:2}"; continue ;;
+    -*) echo "gpu_run.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    *) PARTS=$1 ;;
+  esac
+  shift
+done
+
+cd "$(dirname "$0")/.."
+MACHINE_ENV=${GPU_MACHINE_ENV:-bench/gpu_machine.env}
+[[ $MACHINE_ENV == /* ]] || MACHINE_ENV=./$MACHINE_ENV  # `source` would look a bare name up on PATH
+[[ -f $MACHINE_ENV ]] || { echo "gpu_run.sh: no machine description at $MACHINE_ENV" >&2; exit 2; }
+# shellcheck source=gpu_machine.env
+source "$MACHINE_ENV"
+ARCHIVE=${GPU_SITE_ARCHIVE:-.gpu/site.tar.xz}
+MODEL_DIR=${MODEL_DIR:-/tmp/q4b}
 export OUT=${OUT:-$PWD/bench-out}
 mkdir -p "$OUT"
 DEADLINE=${DEADLINE_S:-585}
@@ -43,24 +94,29 @@ part() {  # part NAME MIN_S MAX_S COMMAND...: run COMMAND under timeout if at le
 
 main() {
   say "parts: $PARTS; deadline ${DEADLINE}s; OUT=$OUT"
-  site=/var/tmp/gpu-site
-  (( SMOKE )) && site=$(mktemp -d)
-  if [[ ! -f $site/.unpacked ]]; then
-    say "unpacking .gpu/site.tar.xz ($(du -h .gpu/site.tar.xz 2>/dev/null | cut -f1)) to $site"
-    mkdir -p "$site" && tar -xJf .gpu/site.tar.xz -C "$site" && touch "$site/.unpacked" \
-      || { say "no usable .gpu/site.tar.xz: run bash bench/gpu_site.sh first and carry .gpu"; exit 1; }
+  if [[ -n ${BENCH_PYTHON:-} ]]; then PY=$BENCH_PYTHON
+  elif (( ! SMOKE )); then PY=$GPU_PYTHON
+  elif [[ -x .venv/bin/python ]]; then PY=.venv/bin/python
+  else PY=python3
+  fi
+  site=$GPU_SITE_DIR
+  if (( SMOKE )) || [[ $ARCHIVE == none ]]; then site=$(mktemp -d); fi
+  if [[ $ARCHIVE == none ]]; then  # site stays empty
+    say "no archive: every package comes from $PY's environment"
+  elif [[ ! -f $site/.unpacked ]]; then
+    say "unpacking $ARCHIVE ($(du -h "$ARCHIVE" 2>/dev/null | cut -f1)) to $site"
+    mkdir -p "$site" && tar -xJf "$ARCHIVE" -C "$site" && touch "$site/.unpacked" \
+      || { say "no usable $ARCHIVE: run bash bench/gpu_site.sh first and carry it with the working tree"; exit 1; }
   fi
   if (( SMOKE )); then
-    PY=${VENV_PY:-/work/venv/bin/python}
     MODEL=(--smoke)
-    say "smoke: $(find "$site" -name '*.dist-info' | wc -l) distributions unpacked; $($PY --version) runs without them"
+    say "smoke: $(find "$site" -name '*.dist-info' | wc -l) distributions unpacked; $($PY --version 2>&1) runs without them"
     rm -rf "$site"
   else
-    PY=python3
-    export PYTHONPATH=$site:$PWD AGENTENV_NB_GPU_MODEL=/tmp/q4b
+    export PYTHONPATH=$site:$PWD AGENTENV_NB_GPU_MODEL=$MODEL_DIR GPU_TORCH
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     $PY - "$site" <<'EOF'
-import importlib.metadata as md, pathlib, sys
+import importlib.metadata as md, os, pathlib, sys
 from packaging.requirements import Requirement
 
 
@@ -73,6 +129,10 @@ def have(name):
 
 print(f"python {sys.version.split()[0]};", ", ".join(f"{n} {have(n)}" for n in ("torch", "transformers", "accelerate",
                                                                                "peft", "numpy", "typing_extensions")))
+expected = os.environ.get("GPU_TORCH", "")
+if expected and have("torch") != expected:
+    print(f"WARNING: torch here is {have('torch')}, the machine description (GPU_TORCH) says {expected}: "
+          "the archive's pins and bitsandbytes library were chosen for that one")
 unmet = []
 for info in sorted(pathlib.Path(sys.argv[1]).glob("*.dist-info")):
     dist = md.PathDistribution(info)
@@ -83,10 +143,10 @@ for info in sorted(pathlib.Path(sys.argv[1]).glob("*.dist-info")):
 print(f"requirements of the carried distributions not met here ({len(unmet)}; the runs below tell which matter):")
 print("\n".join(f"  {line}" for line in unmet))
 EOF
-    say "building the random Qwen3-4B-shaped model in /tmp/q4b"
-    timeout 240 $PY -c "from agentenv_nb.tiny import build_random_qwen3_4b as b; print(b('/tmp/q4b', device='cuda'))" \
-      || { say "could not build the model"; exit 1; }
-    MODEL=(--model /tmp/q4b)
+    say "building the random Qwen3-4B-shaped model in $MODEL_DIR"
+    timeout 240 $PY -c "import sys; from agentenv_nb.train.tiny import build_random_qwen3_4b as b
+print(b(sys.argv[1], device='cuda'))" "$MODEL_DIR" || { say "could not build the model"; exit 1; }
+    MODEL=(--model "$MODEL_DIR")
   fi
 
   part grpo 200 430 $PY bench/gpu_grpo.py "${MODEL[@]}" --variants "${GRPO_VARIANTS:-kit,bare,trl}" \

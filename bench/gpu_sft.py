@@ -28,8 +28,9 @@ COLUMNS = [("variant", "variant", 0), ("step", "step", 0), ("status", "status", 
 def run_sft(args, timer, result: dict) -> None:
     from trl import SFTTrainer
 
-    from agentenv_nb import AgentEnv, demos, models, presets
-    from agentenv_nb.gridsim import write_bundle
+    from agentenv_nb import AgentEnv
+    from agentenv_nb.train import demos, models, presets
+    from agentenv_nb.tasks.gridsim import write_bundle
 
     bundle = write_bundle(Path(args.work) / "gridsim", train=args.demos, eval=2)
     start = time.perf_counter()
@@ -38,7 +39,7 @@ def run_sft(args, timer, result: dict) -> None:
     kept = [d for d in expert if d["reward"] == 1.0]
     result.update(demos_s=time.perf_counter() - start, demos=len(expert), kept=len(kept))
     if args.smoke:
-        from agentenv_nb.tiny import build_tiny_model
+        from agentenv_nb.train.tiny import build_tiny_model
 
         args.model = build_tiny_model(Path(args.work) / "tiny", corpus_texts=models.corpus(kept))
     model, tokenizer = models.load_model(args.model, args.preset)

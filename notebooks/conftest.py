@@ -3,6 +3,6 @@ folder, so each picks up what the one before it made."""
 
 import tempfile
 
-from agentenv_nb.params import use_tiny_defaults
+from agentenv_nb.notebook.params import use_tiny_defaults
 
 use_tiny_defaults(tempfile.mkdtemp(prefix="agentenv_nb-notebooks-"))

@@ -9,12 +9,11 @@ import json
 import logging
 
 import pytest
-from test_sessions import tiny_model  # noqa: F401 (a fixture)
-from test_sessions import grpo, one_turn_task, step_logs, turn, verifier, warnings, write_bundle
+from .conftest import grpo, one_turn_task, step_logs, turn, verifier, warnings, write_bundle
 
 from agentenv_nb import AgentEnv
-from agentenv_nb.checks import CheckFailed
-from agentenv_nb.trainer_hooks import read_plain_text_replies
+from agentenv_nb.client.checks import CheckFailed
+from agentenv_nb.client.environment import read_plain_text_replies
 
 
 def two_turn_task() -> list[dict]:
@@ -54,7 +53,7 @@ def qwen3_tokenizer(tiny_model):
 @pytest.fixture(scope="module")
 def gridsim(tmp_path_factory):
     """A GridSim bundle of four train days and two eval days, its env a process (no Docker)."""
-    from agentenv_nb.gridsim import write_bundle as write_gridsim
+    from agentenv_nb.tasks.gridsim import write_bundle as write_gridsim
 
     bundle = write_gridsim(tmp_path_factory.mktemp("gridsim") / "gridsim-tiny", train=4, eval=2)
     with AgentEnv.local(bundle, sandbox="process", max_concurrent_envs=8) as env:
@@ -98,7 +97,7 @@ def test_an_episode_plays_and_scores_and_a_failed_one_is_unscored(quiz, caplog):
 
 
 def test_the_first_reset_raises_when_the_server_has_no_room(bundles):
-    from agentenv_nb.session import CapacityError
+    from agentenv_nb.client.session import CapacityError
 
     with AgentEnv.local(bundles["quiz"], max_concurrent_envs=1) as env, env.factory() as first:
         first.reset(**env.dataset[0])
@@ -135,12 +134,12 @@ def test_the_check_passes_a_good_setup_and_says_how_to_fix_a_bad_one(quiz, qwen3
 
 
 def test_the_check_names_tool_parameters_trl_cannot_offer():
-    from agentenv_nb.checks import tool_problems
-    from agentenv_nb.tools import tool_method
+    from agentenv_nb.client.checks import tool_problems
+    from agentenv_nb.client.environment import environment_class
 
     tool = {"name": "book", "description": "Book a trip.", "input_schema": {"type": "object", "required": ["from"],
             "properties": {"from": {"type": "string"}, "to": {"type": "string", "description": "Where to."}}}}
-    trips = type("trips", (), {"_tools": (tool,), "book": tool_method(tool)})
+    trips = environment_class("trips", (tool,), runtime=None, rules=None)
     [problem] = tool_problems({"trips": trips})  # "to" reads back as the server describes it
     assert "tool 'book' of 'trips': parameters ['from'] aren't Python names" in problem
     assert "rename them in the env's tool" in problem
@@ -162,7 +161,7 @@ def test_a_dict_factory_trains_two_bundles_mixed_in_one_dataset(bundles, quiz, t
 
 
 def test_gridsims_tools_are_methods_that_play_a_day(gridsim):
-    from agentenv_nb.environment import ToolFailed
+    from agentenv_nb.client.environment import ToolFailed
 
     play = gridsim.factory()
     assert type(play).__name__ == "gridsim-tiny"
@@ -175,7 +174,7 @@ def test_gridsims_tools_are_methods_that_play_a_day(gridsim):
 
 
 def test_toolsets_each_makes_a_class_per_toolset(tmp_path):
-    from agentenv_nb.gridsim import write_bundle as write_gridsim
+    from agentenv_nb.tasks.gridsim import write_bundle as write_gridsim
 
     bundle = write_gridsim(tmp_path / "mixed", train=1, eval=1)
     (bundle / "tasks" / "quiz.json").write_text(json.dumps(one_turn_task("42")))

@@ -29,7 +29,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def env_host(tmp_path_factory):
     """A GridSim bundle (4 train days, 2 eval) served by the serve command on a free loopback port; its URL."""
-    from agentenv_nb import gridsim
+    from agentenv_nb.tasks import gridsim
 
     root = tmp_path_factory.mktemp("env-host")
     bundle = gridsim.write_bundle(root / "gridsim-tiny", train=4, eval=2)
@@ -63,7 +63,7 @@ def env_host(tmp_path_factory):
 
 
 def test_preflight_sees_the_served_splits(env_host):
-    from agentenv_nb.preflight import check_server
+    from agentenv_nb.notebook.preflight import check_server
 
     [row] = check_server(env_host, "train")
     assert row["status"] == "ok" and "4 tasks" in row["detail"]
@@ -78,10 +78,11 @@ def test_a_grpo_step_through_agentenv_url(env_host, tmp_path):
     from trl import GRPOTrainer
     from unsloth import FastLanguageModel
 
-    from agentenv_nb import gridsim, presets
+    from agentenv_nb.tasks import gridsim
+    from agentenv_nb.train import presets
     from agentenv_nb.client import AgentEnv
-    from agentenv_nb.preflight import capacity_warning, check_tools, preflight
-    from agentenv_nb.tiny import build_tiny_model
+    from agentenv_nb.notebook.preflight import capacity_warning, check_tools, preflight
+    from agentenv_nb.train.tiny import build_tiny_model
 
     base = build_tiny_model(tmp_path / "tiny", corpus_texts=[gridsim.generate.SYSTEM_PROMPT])
     model, tokenizer = FastLanguageModel.from_pretrained(**presets.model_kwargs("cpu-tiny", base))
@@ -108,16 +109,17 @@ def test_a_grpo_step_through_agentenv_url(env_host, tmp_path):
 
 
 def test_local_server_processes_share_the_sessions_and_leave_nothing_behind(tmp_path):
-    from agentenv_nb import gridsim
+    from agentenv_nb.tasks import gridsim
     from agentenv_nb.client import AgentEnv
-    from agentenv_nb.env_image import work_dir
-    from agentenv_nb.session import CapacityError, ws_url
+    from agentenv_nb.envs.image import work_dir
+    from agentenv_nb.client.environment import player_of
+    from agentenv_nb.client.session import CapacityError, ws_url
 
     bundle = gridsim.write_bundle(tmp_path / "gridsim-tiny", train=4, eval=2)
     with AgentEnv.local(bundle, sandbox="process", max_concurrent_envs=4, processes=2) as env:
-        servers = env._server._processes
+        servers = env.server.processes
         rows, plays = env.dataset.to_list(), [env.factory() for _ in range(4)]
-        assert sorted(play._session.url for play in plays) == sorted(2 * [ws_url(url) for url in env.urls])
+        assert sorted(player_of(play).session.url for play in plays) == sorted(2 * [ws_url(url) for url in env.urls])
         for play, row in zip(plays, rows):
             play.reset(**row)
         for play in plays:
@@ -132,7 +134,7 @@ def test_local_server_processes_share_the_sessions_and_leave_nothing_behind(tmp_
 
 
 def test_server_processes_say_why_they_cannot_start(tmp_path):
-    from agentenv_nb.serve import serve_in_processes
+    from agentenv_nb.envs.serving import serve_in_processes
 
     with pytest.raises(ValueError, match="step id"):
         serve_in_processes(tmp_path, 1, reward=lambda scores: 1.0)

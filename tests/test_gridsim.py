@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from agentenv_nb import bundles, gridsim
-from agentenv_nb.gridsim import battery
-from agentenv_nb.gridsim.prices import synthetic_days
+from agentenv_nb.tasks import bundles, gridsim
+from agentenv_nb.tasks.gridsim import battery
+from agentenv_nb.tasks.gridsim.prices import synthetic_days
 
 
 def test_optimum_matches_brute_force_on_short_horizons():

@@ -10,17 +10,17 @@ import pandas as pd
 import pytest
 import torch
 
-from agentenv_nb.curves import QWEN3_4B_GRIDSIM_REFERENCE, eval_curve, find_trainer_state, save_eval_curve
-from agentenv_nb.live import ConsoleLivePlot, LivePlot, NotebookLivePlot, format_row, live_plot
+from agentenv_nb.notebook.curves import QWEN3_4B_GRIDSIM_REFERENCE, eval_curve, find_trainer_state, save_eval_curve
+from agentenv_nb.notebook.live import ConsoleLivePlot, LivePlot, NotebookLivePlot, format_row, live_plot
 from nbclient import NotebookClient
-# transformers after agentenv_nb.live, which hides a broken torchvision wheel that would break these imports
+# transformers after agentenv_nb.notebook.live, which hides a broken torchvision wheel that would break these imports
 from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
 
 matplotlib.use("Agg")
 
-# Log dicts as TRL 1.15's GRPOTrainer.log writes them (keys from trl/trainer/grpo_trainer.py), step 12 from seeds/000,
-# with the scores agentenv_nb.trainer_hooks.ScoreLog adds.
+# Log dicts as TRL 1.15's GRPOTrainer.log writes them (keys from trl/trainer/grpo_trainer.py), step 12 from the recipe page,
+# with the scores agentenv_nb.client.metrics.ScoreLog adds.
 TRAIN_12 = {"loss": 0.0523, "grad_norm": 0.0498, "learning_rate": 1.2e-5, "num_tokens": 81920.0,
             "completions/mean_length": 681.2, "completions/clipped_ratio": 0.0, "tools/call_frequency": 2.0,
             "tools/failure_frequency": 0.0, "rewards/gridsim-v1/mean": 0.6434, "rewards/gridsim-v1/std": 0.3533,
@@ -91,7 +91,7 @@ def test_factory_picks_console_outside_a_kernel():
 
 KERNEL_CELL = """
 import matplotlib; matplotlib.use("Agg")
-from agentenv_nb.live import NotebookLivePlot, live_plot
+from agentenv_nb.notebook.live import NotebookLivePlot, live_plot
 from transformers import TrainerState
 live = live_plot(min_interval=0)
 assert isinstance(live, NotebookLivePlot)

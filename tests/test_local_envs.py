@@ -16,7 +16,8 @@ import pytest
 import uvicorn
 import websockets
 
-from agentenv_nb import env_pool, local_envs
+from agentenv_nb.envs import pool as env_pool
+from agentenv_nb.envs import process_sandbox
 
 ECHO_ENV = Path(agent_env.__file__).parent / "examples" / "echo-mcp" / "envs" / "echo"
 CAPACITY = 10
@@ -196,7 +197,7 @@ def test_a_port_another_process_took_is_not_taken_for_the_env(server, monkeypatc
     in a few hundred did): the env must not be marked ready for that listener, which would have the episode talk to
     another env. Here the test holds the port, closing what connects; the sandbox starts the env on another port."""
     monkeypatch.setenv("AGENTENV_NB_ENV_POOL", "0")
-    handed, free_port = [], env_pool._free_port
+    handed, free_port = [], env_pool.free_port
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
@@ -213,7 +214,7 @@ def test_a_port_another_process_took_is_not_taken_for_the_env(server, monkeypatc
             return handed[-1]
 
         threading.Thread(target=refuse, daemon=True).start()
-        monkeypatch.setattr(env_pool, "_free_port", pick)
+        monkeypatch.setattr(env_pool, "free_port", pick)
         assert asyncio.run(play(server))["reward"] == 1.0
     assert len(handed) == 2 and handed[0] != handed[1]  # the taken port, then a free one
 
@@ -301,21 +302,21 @@ def test_no_process_or_folder_outlives_its_episode(server):
             await asyncio.gather(*(episode(n) for n in range(wave, min(wave + 8, 100))))
 
     work = Path(os.environ["AGENTENV_NB_WORK_DIR"])
-    for key, pool in list(env_pool._pools.items()):  # other tests' servers in this process keep pools of their own
+    for pool in env_pool.pools():  # other tests' servers in this process keep pools of their own
         if not Path(pool.image.app_dir).is_relative_to(work):
-            env_pool._pools.pop(key).close()
+            pool.close()
     asyncio.run(run())
 
     def settled() -> tuple[int, int, int]:  # the pools refill in the background; slow under load, so re-read
-        return len(env_folders(work)), sum(len(pool._ready) for pool in env_pool._pools.values()), len(env_processes())
+        return len(env_folders(work)), sum(pool.ready for pool in env_pool.pools()), len(env_processes())
 
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (local_envs._live or len(set(settled())) != 1):
+    while time.monotonic() < deadline and (process_sandbox.running() or len(set(settled())) != 1):
         time.sleep(0.2)
     folders, ready, processes = settled()
-    assert not local_envs._live
+    assert process_sandbox.running() == 0
     assert folders == ready == processes
-    assert ready <= sum(max(pool.size, pool._peak) for pool in env_pool._pools.values())
+    assert ready <= sum(max(pool.size, pool.peak) for pool in env_pool.pools())
     env_pool.close_pools()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and (env_folders(work) or env_processes(forking=True)):
@@ -333,7 +334,7 @@ def env_processes(forking: bool = False) -> list[psutil.Process]:
     for child in psutil.Process().children(recursive=True):
         try:
             command, forker = child.cmdline(), child.ppid() == os.getpid() and "fork" in child.cmdline()
-            if any(part.endswith("env_zygote.py") for part in command) and (forking or not forker) and (
+            if any(part.endswith("zygote.py") for part in command) and (forking or not forker) and (
                     child.status() != psutil.STATUS_ZOMBIE):
                 found.append(child)
         except psutil.Error:

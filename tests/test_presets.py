@@ -1,4 +1,4 @@
-"""The presets hold seeds/000's recipe, set Unsloth's changed defaults back, and survive the config classes.
+"""The presets hold the recipe page's recipe, set Unsloth's changed defaults back, and survive the config classes.
 
 The configs are built with ``import unsloth`` first, as in the notebooks; on a GPU machine that is
 Unsloth's GRPOConfig rewrite, on a CPU stock TRL with Unsloth's CPU patches.
@@ -6,9 +6,9 @@ Unsloth's GRPOConfig rewrite, on a CPU stock TRL with Unsloth's CPU patches.
 
 import pytest
 
-from agentenv_nb import presets
+from agentenv_nb.train import presets
 
-# seeds/000's train.py, on a 24 GB GPU.
+# The recipe page's train.py, on a 24 GB GPU.
 RECIPE = {
     "per_device_train_batch_size": 8, "gradient_accumulation_steps": 4, "num_generations": 8,
     "max_completion_length": 1024, "max_tool_calling_iterations": 2,
@@ -18,7 +18,7 @@ RECIPE = {
     "eval_strategy": "steps", "eval_steps": 20, "eval_on_start": True, "num_generations_eval": 1,
     "per_device_eval_batch_size": 32, "seed": 0, "report_to": "none", "max_steps": 40,
 }
-# seeds/000 "Settings Unsloth changes": left unset, Unsloth's config would give these other values.
+# The recipe page's "Settings Unsloth changes": left unset, Unsloth's config would give these other values.
 UNSLOTH_CHANGES = ["optim", "weight_decay", "learning_rate", "warmup_steps", "seed",
                    "per_device_eval_batch_size", "scale_rewards"]
 

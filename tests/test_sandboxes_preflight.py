@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from agentenv_nb import preflight as pf
-from agentenv_nb import sandboxes
-from agentenv_nb.sandboxes import SandboxError, choose_sandbox
+from agentenv_nb.notebook import preflight as pf
+from agentenv_nb.envs import choice as sandboxes
+from agentenv_nb.envs import modal_credentials, process_sandbox
+from agentenv_nb.envs.choice import SandboxError, choose_sandbox
+from agentenv_nb.train import presets
 
 AGENT_ENV_EXAMPLES = Path(__import__("agent_env").__file__).parent / "examples"
 
@@ -30,7 +32,7 @@ def clean_env(tmp_path, monkeypatch):
     """No Modal token anywhere: its variables cleared (and restored after, whatever the test loads into them), HOME
     an empty folder, nothing forced, and DOCKER_HOST a socket nobody listens on."""
     for name in ("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET", "MODAL_CONFIG_PATH", "MODAL_PROFILE",
-                 "AGENT_ENV_MODAL_APP_NAME", sandboxes.FORCE, "DOCKER_TLS_VERIFY"):
+                 "AGENT_ENV_MODAL_APP_NAME", "AGENTENV_NB_SANDBOX", "DOCKER_TLS_VERIFY"):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     home = tmp_path / "home"
@@ -90,10 +92,10 @@ def _plain_python_bundle(root: Path) -> Path:
 # Modal credentials
 
 def test_without_credentials_the_message_says_how_to_make_a_token_and_where_to_put_it(clean_env):
-    assert sandboxes.find_modal_credentials() is None
-    assert sandboxes.load_modal_credentials(required=False) is None
-    with pytest.raises(SandboxError) as error:
-        sandboxes.load_modal_credentials()
+    assert modal_credentials.find_modal_credentials() is None
+    assert modal_credentials.load_modal_credentials(required=False) is None
+    with pytest.raises(modal_credentials.ModalCredentialsError) as error:
+        modal_credentials.load_modal_credentials()
     message = str(error.value)
     for needed in ("modal token new", "Settings -> API tokens", "MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET",
                    "~/.modal.toml", "Colab"):
@@ -110,17 +112,17 @@ def test_modal_toml_in_home_is_read_as_modal_picks_the_profile(clean_env, monkey
         token_secret = "as-work"
         active = true
         """))
-    found = sandboxes.find_modal_credentials()
+    found = modal_credentials.find_modal_credentials()
     assert (found.token_id, found.token_secret) == ("ak-work", "as-work")
     assert "[work]" in found.source and "as-work" not in repr(found)
     monkeypatch.setenv("MODAL_PROFILE", "other")
-    assert sandboxes.find_modal_credentials().token_id == "ak-other"
+    assert modal_credentials.find_modal_credentials().token_id == "ak-other"
 
 
 def test_loaded_credentials_and_app_name_are_what_agent_env_reads(clean_env):
     # A [default] profile that isn't marked active: Modal uses it, agent_env's own reader alone would not.
     (clean_env / ".modal.toml").write_text('[default]\ntoken_id = "ak-1"\ntoken_secret = "as-1"\n')
-    found = sandboxes.load_modal_credentials(app_name="gridsim-test")
+    found = modal_credentials.load_modal_credentials(app_name="gridsim-test")
     assert found.source.endswith("[default]")
     from agent_env.config import get_config
     from agent_env.providers.sandbox_providers.modal_sandbox import ModalSandboxProvider
@@ -131,12 +133,12 @@ def test_loaded_credentials_and_app_name_are_what_agent_env_reads(clean_env):
 
 def test_broken_modal_toml_says_how_to_write_it_again(clean_env):
     (clean_env / ".modal.toml").write_text("[default\ntoken_id = ")
-    with pytest.raises(SandboxError, match="modal token set"):
-        sandboxes.find_modal_credentials()
+    with pytest.raises(modal_credentials.ModalCredentialsError, match="modal token set"):
+        modal_credentials.find_modal_credentials()
 
 
 def test_colab_secrets_are_skipped_cleanly_off_colab_and_read_on_it(clean_env, tmp_path):
-    assert sandboxes._from_colab() is None  # no google.colab here: skipped, no error
+    assert modal_credentials.find_modal_credentials() is None  # no google.colab here: skipped, no error
     fake = tmp_path / "colab-standin" / "google" / "colab"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("")
@@ -149,7 +151,7 @@ def test_colab_secrets_are_skipped_cleanly_off_colab_and_read_on_it(clean_env, t
                 raise SecretNotFoundError(key)
             return SECRETS[key]
         """))
-    code = ("import os; from agentenv_nb import sandboxes; c = sandboxes.load_modal_credentials(); "
+    code = ("import os; from agentenv_nb.envs import modal_credentials; c = modal_credentials.load_modal_credentials(); "
             "print(c.source, os.environ['MODAL_TOKEN_ID'], os.environ['MODAL_TOKEN_SECRET'])")
     env = {**os.environ, "PYTHONPATH": str(fake.parent.parent)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
@@ -209,7 +211,7 @@ def test_a_dockerfile_a_process_cant_be_is_named_by_line(clean_env, tmp_path):
     bundle = _plain_python_bundle(tmp_path / "bundle")
     dockerfile = bundle / "envs" / "echo" / "Dockerfile"
     dockerfile.write_text(dockerfile.read_text().replace("WORKDIR /app\n", "WORKDIR /app\nRUN apt-get update\n"))
-    assert "line 3" in sandboxes.process_problems(bundle)["echo"]
+    assert "line 3" in process_sandbox.problems(bundle)["echo"]
 
 
 def test_forcing(clean_env, tmp_path, monkeypatch):
@@ -220,7 +222,7 @@ def test_forcing(clean_env, tmp_path, monkeypatch):
         choose_sandbox(AGENT_ENV_EXAMPLES / "echo-mcp", force="process", echo=False)
     docker = choose_sandbox(bundle, force="local", echo=False)
     assert docker.name == "local" and "deploys will fail" in docker.reason
-    monkeypatch.setenv(sandboxes.FORCE, "process")
+    monkeypatch.setenv("AGENTENV_NB_SANDBOX", "process")
     forced = sandboxes.Choice("process", "forced; every env is a plain-Python server")
     assert choose_sandbox(bundle, echo=False) == forced
 
@@ -230,8 +232,6 @@ def test_forcing(clean_env, tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def grpo_config(tmp_path_factory):
     """A real GRPOConfig of the cpu-tiny preset (imports unsloth, then trl)."""
-    from agentenv_nb import presets
-
     return lambda **kw: presets.grpo_config("cpu-tiny", output_dir=str(tmp_path_factory.mktemp("grpo")), **kw)
 
 
@@ -244,7 +244,7 @@ def test_no_gpu_fails_a_gpu_preset_with_a_fix():
     [row] = pf.check_gpu("24gb")
     assert row["status"] == "fail" and "Change runtime type" in row["fix"]
     assert "needs about 13 GB" in row["detail"]  # no vLLM here: the 4-bit run generates 16 rollouts at a time
-    assert pf.gpu_need_gb("16bit") == 25.0 and pf.gpu_need_gb("cpu-tiny") == 0.0
+    assert presets.gpu_need_gb("16bit") == 25.0 and presets.gpu_need_gb("cpu-tiny") == 0.0
     assert pf.check_gpu("cpu-tiny")[0]["status"] == "ok"
 
 
@@ -270,7 +270,7 @@ def test_the_kits_own_pins_hold_on_the_cpu():
                                              ("from agentenv_nb.stack import import_unsloth; import_unsloth(); "
                                               "import trl", "ok")])
 def test_import_order_in_a_fresh_process(imports, status):
-    code = f"{imports}\nfrom agentenv_nb.preflight import check_import_order\nprint(check_import_order()[0]['status'])"
+    code = f"{imports}\nfrom agentenv_nb.notebook.preflight import check_import_order\nprint(check_import_order()[0]['status'])"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.stdout.strip().splitlines()[-1] == status, done.stderr[-2000:]
 
@@ -305,7 +305,7 @@ def test_max_concurrent_envs_below_the_trainers_sessions(grpo_config):
 
 
 def test_hf_token_where_the_model_comes_from_the_hub(tmp_path):
-    code = ("from agentenv_nb.preflight import check_hf; "
+    code = ("from agentenv_nb.notebook.preflight import check_hf; "
             "print(check_hf(None, 'unsloth/Qwen3-4B')[0]['status'], check_hf(None, '.'), check_hf(False, 'a/b'))")
     env = {key: value for key, value in os.environ.items() if key not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
     env.update(HOME=str(tmp_path), HF_HOME=str(tmp_path / "hf"))
@@ -348,7 +348,7 @@ def test_preflight_in_a_notebook_displays_the_table(tmp_path):
     requirements = tmp_path / "requirements-gpu.txt"
     requirements.write_text("trl==0.0.1\n")
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        f"from agentenv_nb.preflight import preflight\n_ = preflight('cpu-tiny', requirements={str(requirements)!r})")])
+        f"from agentenv_nb.notebook.preflight import preflight\n_ = preflight('cpu-tiny', requirements={str(requirements)!r})")])
     NotebookClient(notebook, timeout=300, resources={"metadata": {"path": str(tmp_path)}}).execute()
     [output] = [out for out in notebook.cells[0].outputs if out.get("name") != "stderr"]  # the table, no printed lines
     html = output["data"]["text/html"]

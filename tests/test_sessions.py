@@ -1,4 +1,4 @@
-"""Seed 001's session rules against a real agent_env server on loopback, and seeds/000's outage table at small
+"""The session rules against a real agent_env server on loopback, and the recipe page's outage table at small
 scale under TRL's GRPOTrainer: a restarting server costs the rollouts in flight, not the ones after it, and a
 slot another session took costs one rollout, not the step.
 
@@ -13,79 +13,13 @@ import time
 
 import pytest
 
+from .conftest import grpo, one_turn_task, step_logs, warnings, write_bundle
+
 from agentenv_nb import AgentEnv
-from agentenv_nb.serve import serve_in_thread
-from agentenv_nb.session import CapacityError, Session, SessionError, Timeout
-from agentenv_nb.stack import import_unsloth
-
-
-def turn(prompt_id: str, prompt: str, after: str, poll: float = 0.1) -> dict:
-    return {"id": prompt_id, "type": "prompt_agent", "agent_name": "player", "prompt_id": prompt_id,
-            "depends_on": [after], "prompt": prompt, "poll_interval_seconds": poll}
-
-
-def verifier(step_id: str, prompt_id: str, after: str, *criteria: tuple[str, str, float]) -> dict:
-    """A response verifier scoring the weighted share of ``criteria`` (kind, needle or pattern, weight) met."""
-    rows = [{"type": kind, "needles": [text]} if kind == "response_contains" else
-            {"type": kind, "pattern": text} for kind, text, _ in criteria]
-    return {"id": step_id, "type": "agent_prompt_response_verifier", "prompt_id": prompt_id, "verifier_id": step_id,
-            "score_aggregator": "weighted_average", "depends_on": [after],
-            "criteria": [{**row, "weight": weight} for row, (_, _, weight) in zip(rows, criteria, strict=True)]}
-
-
-def one_turn_task(answer: str, system_prompt: str = "Answer with end_turn.", poll: float = 0.1) -> list[dict]:
-    """Asks for ``answer``: 1.0 for a reply containing it, 0.5 for a reply with a letter in it, else 0."""
-    return [{"id": "deploy", "type": "deploy_agent", "agent_name": "player", "system_prompt": system_prompt},
-            turn("ask", f"Say {answer}.", "deploy", poll),
-            verifier("check", "ask", "ask", ("response_contains", answer, 1), ("response_regex_present", "[a-z]", 1))]
-
-
-def write_bundle(root, tasks: dict[str, list[dict]], evals: dict[str, list[str]]):
-    """A bundle folder: tasks/<name>.json and evals/<name>.toml (each eval a split)."""
-    (root / "tasks").mkdir(parents=True)
-    (root / "evals").mkdir()
-    for name, steps in tasks.items():
-        (root / "tasks" / f"{name}.json").write_text(json.dumps(steps))
-    for name, members in evals.items():
-        (root / "evals" / f"{name}.toml").write_text(f"tasks = {json.dumps(members)}\n")
-    return root
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory):
-    """A random tiny Qwen3-format model: it writes plain text, which plain_text_replies hands the task."""
-    from agentenv_nb.tiny import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
-
-
-def grpo(model_path, out, *, dataset, factory, steps, eval_dataset=None, reward_funcs=(), callbacks=(), **config):
-    """TRL's GRPOTrainer on CPU (unsloth first, as TRL 1.15 needs): LoRA on the tiny model, two rollouts a step as
-    one group, short completions, a log a step; ``config`` overrides GRPOConfig's arguments."""
-    import_unsloth()
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
-
-    args = GRPOConfig(**{
-        "output_dir": str(out), "max_steps": steps, "per_device_train_batch_size": 2, "num_generations": 2,
-        "max_completion_length": 24, "learning_rate": 1e-3, "logging_steps": 1, "save_strategy": "no",
-        "report_to": "none", "use_cpu": True, "bf16": False, "seed": 0, "temperature": 1.0,
-        "chat_template_kwargs": {"enable_thinking": False}, **config})
-    return GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_path),
-                       processing_class=AutoTokenizer.from_pretrained(model_path), args=args,
-                       train_dataset=dataset, eval_dataset=eval_dataset, environment_factory=factory,
-                       reward_funcs=list(reward_funcs), callbacks=list(callbacks),
-                       peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-
-
-def warnings(caplog) -> str:
-    """The warnings logged, one a line (caplog.text misses those logged while TRL's trainer runs)."""
-    return "\n".join(record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING)
-
-
-def step_logs(trainer, key: str) -> list[dict]:
-    return [log for log in trainer.state.log_history if key in log]
+from agentenv_nb.client.environment import player_of
+from agentenv_nb.client.runtime import Runtime
+from agentenv_nb.client.session import CapacityError, Session, SessionError, Timeout
+from agentenv_nb.envs.serving import serve_in_thread
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +114,7 @@ def test_a_restart_costs_the_rollouts_in_flight_not_the_ones_after(answers, tiny
         is answered (a reset still on its way would wait for the server, and score)."""
         if trainer_state.global_step == 1:
             for environment in environments:
-                environment._episode.started.result(30)
+                player_of(environment).episode.started.result(30)
             server.close()
             restart = lambda: back.append(serve_in_thread(answers, port=port, max_concurrent_envs=4))  # noqa: E731
             threading.Timer(2.0, restart).start()
@@ -204,7 +138,7 @@ def test_a_slot_another_took_costs_one_rollout_not_the_step(answers, tiny_model,
     server = {"now": serve_in_thread(answers, max_concurrent_envs=2)}
     url = server["now"].url
     env = AgentEnv(url, patience=1, plain_text_replies=True)
-    intruder = Session(url)
+    intruder, intruding = Session(url), Runtime("intruder")
     trainer = grpo(tiny_model, tmp_path, dataset=env.dataset, factory=env.factory, steps=3,
                    reward_funcs=env.reward_funcs, callbacks=[env.metrics])
     from transformers import TrainerCallback
@@ -214,14 +148,15 @@ def test_a_slot_another_took_costs_one_rollout_not_the_step(answers, tiny_model,
             if state.global_step == 1:  # the trainer's sessions are gone, and reopen at step 2's resets
                 server["now"].close()
                 server["now"] = serve_in_thread(answers, port=int(url.rsplit(":", 1)[1]), max_concurrent_envs=2)
-                env.run(intruder.open(), 10, "the intruder's session")
+                intruding.run(intruder.open(), 10, "the intruder's session")
             if state.global_step == 2:
-                env.run(intruder.close(), 10, "the intruder's goodbye")
+                intruding.run(intruder.close(), 10, "the intruder's goodbye")
 
     trainer.add_callback(Intrude())
     with caplog.at_level(logging.WARNING):
         trainer.train()
     env.close()
+    intruding.close(patience=1)
     server["now"].close()
     logs = step_logs(trainer, "scores/answers/unscored")
     assert [log["scores/answers/unscored"] for log in logs] == [0.0, 0.5, 0.0]

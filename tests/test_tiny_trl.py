@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from agentenv_nb import presets
+from agentenv_nb.train import presets
 from agentenv_nb.stack import import_unsloth
 
 pytestmark = pytest.mark.slow
@@ -94,7 +94,7 @@ def test_sft_then_grpo_on_cpu(tmp_path, one_thread):
     from trl import GRPOTrainer, SFTTrainer
     from unsloth import FastLanguageModel
 
-    from agentenv_nb.tiny import build_tiny_model
+    from agentenv_nb.train.tiny import build_tiny_model
 
     tool = get_json_schema(Adder().add)  # the schema TRL renders for the environment's method
     base = build_tiny_model(tmp_path / "tiny", corpus_texts=[json.dumps(tool)])

@@ -34,7 +34,7 @@ def model_path(tmp_path_factory) -> str:
     from agentenv_nb.stack import import_unsloth
 
     import_unsloth()  # before transformers and TRL load, so Unsloth patches them
-    from agentenv_nb.tiny import build_random_qwen3_4b
+    from agentenv_nb.train.tiny import build_random_qwen3_4b
 
     return os.environ.get("AGENTENV_NB_GPU_MODEL") or build_random_qwen3_4b(
         tmp_path_factory.mktemp("qwen3-4b-random") / "model", device="cuda")
@@ -57,8 +57,9 @@ def test_4bit_grpo_step_calls_tools_through_agentenv(model_path, tmp_path):
     import torch
     from trl import GRPOTrainer
 
-    from agentenv_nb import AgentEnv, models, presets
-    from agentenv_nb.gridsim import write_bundle
+    from agentenv_nb import AgentEnv
+    from agentenv_nb.train import models, presets
+    from agentenv_nb.tasks.gridsim import write_bundle
 
     torch.cuda.set_per_process_memory_fraction(min(1.0, 24e9 / torch.cuda.mem_get_info()[1]))  # an L4's 24 GB
     bundle = write_bundle(tmp_path / "gridsim", train=4, eval=1)

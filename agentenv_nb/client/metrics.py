@@ -1,0 +1,59 @@
+"""``ScoreLog``, the TrainerCallback ``AgentEnv.metrics`` gives TRL's GRPOTrainer: it logs each of a task's scores.
+
+    env = AgentEnv.local("bundles/inbox", reward=mean, plain_text_replies=True)
+    trainer = GRPOTrainer(..., environment_factory=env.factory, reward_funcs=env.reward_funcs,
+                          callbacks=[env.metrics])
+    # logs scores/<bundle>/<step id>/mean and scores/<bundle>/unscored, with eval_ copies in evals
+
+TRL 1.15 calls an environment's ``get_reward()`` with nothing, and logs only the reward: the callback puts the
+scores into the trainer's logs.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from agentenv_nb.stack import hide_broken_torchvision
+
+hide_broken_torchvision()  # a broken torchvision breaks every import of transformers' trainer
+
+from transformers import TrainerCallback  # noqa: E402
+
+
+class ScoreLog(TrainerCallback):
+    """Logs the mean of each score the tasks recorded since the last log, ``scores/<bundle>/<step id>/mean``, and
+    the fraction of rollouts left unscored, ``scores/<bundle>/unscored``; in an eval's log as ``eval_scores/...``.
+
+    It writes into the log the callbacks after it see (list it before those that read logs, ``callbacks=[env.metrics,
+    live]``), the progress bar and ``trainer.state.log_history``; the ``report_to`` integrations log before any
+    callback passed in, so they don't see the scores."""
+
+    def __init__(self):
+        self._pending: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
+        self._model = None
+
+    def record(self, environment: str, scores: dict[str, float] | None) -> None:
+        """One rollout's scores by step id, or None when it was left unscored; filed under the trainer's mode."""
+        mode = "eval" if self._model is not None and not self._model.training else "train"
+        pending = self._pending[mode]
+        pending[f"scores/{environment}/unscored"].append(float(scores is None))
+        for step, score in (scores or {}).items():
+            pending[f"scores/{environment}/{step}/mean"].append(float(score))
+
+    def on_init_end(self, args, state, control, model=None, **kwargs):
+        self._model = model
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._model = model
+
+    def on_log(self, args, state, control, logs: dict[str, Any] | None = None, **kwargs):
+        if logs is None:
+            return
+        mode = "eval" if any(key.startswith("eval_") for key in logs) else "train"
+        prefix = "eval_" if mode == "eval" else ""
+        metrics = {prefix + key: sum(values) / len(values) for key, values in self._pending[mode].items() if values}
+        self._pending[mode].clear()
+        logs.update(metrics)
+        if state.log_history and state.log_history[-1].get("step") == state.global_step:
+            state.log_history[-1].update(metrics)

@@ -1,0 +1,299 @@
+"""Env processes for the process sandbox: a fresh one per episode, killed with all it started (its process group)
+and its folder (in ``image.work_dir()``); as root each gets its own /data and /tmp (a mount namespace).
+``Pool(image, env, size=N)`` keeps N ready per image and environment, forked from a parent that imported the env's
+libraries once (``zygote``), and starts more as they're taken; ``size=0`` starts each as a fresh interpreter when
+asked, as ``python server.py`` would::
+
+    process = await pool_for(image, {"ENVIRONMENT_NAME": "echo"}, size=8).take(start_timeout=60)  # serves at .url
+    process.kill()
+    close_pools()  # at shutdown: every pool, its parent and its ready processes
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from agentenv_nb.envs import zygote
+from agentenv_nb.envs.image import EnvImage, owned_prefix, work_dir
+
+_POLL_S = 0.01
+_PORT_TRIES = 3  # starts of an env process whose port another process took before it bound it (see free_port)
+_SERVER_LIBRARIES = ("mcp.server.fastmcp", "uvicorn")  # what agentenv_protocol's serve() imports when it runs
+
+
+class EnvStartError(RuntimeError):
+    """An env process that exited, or didn't listen in time; the message holds its output's tail."""
+
+
+def private_folders() -> list[str]:
+    """The folders a process gets of its own: none without root; /data (made if missing), and /tmp unless something
+    it reads lives there (its app's work dir, this Python, its packages: a CI clone or a site folder under /tmp)."""
+    if os.geteuid() != 0:
+        return []
+    Path("/data").mkdir(exist_ok=True)
+    read = [work_dir(), Path(sys.prefix), Path(__file__), *(Path(entry) for entry in sys.path if entry)]
+    return ["data"] if any(str(path.resolve()).startswith("/tmp/") for path in read) else ["data", "tmp"]
+
+
+@dataclass
+class EnvProcess:
+    """One env process: its pid (its process group's), loopback port and folder."""
+
+    pid: int
+    port: int
+    root: Path
+    popen: subprocess.Popen | None = None  # when this process started it; a forking parent reaps its own
+    on_kill: Callable[[], None] | None = None  # called once, when it's killed
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def private(self) -> bool:
+        """Whether its /data is its own, mounted from ``root / "data"``."""
+        return (self.root / zygote.PRIVATE_MARK).exists()
+
+    def listening(self) -> bool:
+        """Whether its server accepts connections, so it serves its card (``zygote`` marks it)."""
+        return (self.root / zygote.READY_MARK).exists()
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None if self.popen is not None else psutil.pid_exists(self.pid)
+
+    def kill(self) -> None:
+        """Kill its process group and remove its folder; idempotent."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        if self.popen is not None:
+            self.popen.wait()
+        shutil.rmtree(self.root, ignore_errors=True)
+        on_kill, self.on_kill = self.on_kill, None
+        if on_kill is not None:
+            on_kill()
+
+    def output(self, chars: int = 2000) -> str:
+        with contextlib.suppress(OSError):
+            return (self.root / "log").read_text("utf8", errors="replace")[-chars:]
+        return ""
+
+
+class Pool:
+    """Fresh env processes of one image and environment, kept ready ahead of need: ``size``, or as many as were in use
+    at once so far when that's more, so a burst of resets as large as the last finds all its processes ready."""
+
+    def __init__(self, image: EnvImage, env: dict[str, str], size: int):
+        self.image, self.size = image, size
+        self.env = {**image.env, **env, "MCP_HOST": "127.0.0.1"}
+        self.private = private_folders()
+        self._ready: collections.deque[EnvProcess] = collections.deque()
+        self._lock = threading.Lock()  # the ready processes and the counts: held briefly, also on the event loop
+        self._forking = threading.Lock()  # the parent's pipe: held while it forks, so off the event loop only
+        self._start_timeout = 60.0
+        self._wanted, self._closed = threading.Event(), False
+        self._in_use = self.peak = 0  # peak: the most in use at once so far
+        self._zygote: subprocess.Popen | None = None
+        self._thread: threading.Thread | None = None
+
+    async def take(self, start_timeout: float) -> EnvProcess:
+        """A ready process no one has used: a warm one, else one started now."""
+        self._start_timeout = start_timeout
+        while self.size:
+            with self._lock:
+                process = self._ready.popleft() if self._ready else None
+            self._refill()
+            if process is None:
+                break
+            if process.alive():
+                return self._handed(process)
+            process.kill()
+        for attempt in range(1, _PORT_TRIES + 1):
+            # Without a pool, on this (the event loop's) thread: a process dies with the thread that started it.
+            process = await asyncio.to_thread(self._start) if self.size else self._start()
+            try:
+                await _ready(process, start_timeout)
+                return self._handed(process)
+            except BaseException as e:
+                process.kill()
+                port_taken = isinstance(e, EnvStartError) and "address already in use" in str(e).lower()
+                if not port_taken or attempt == _PORT_TRIES:
+                    raise
+
+    @property
+    def ready(self) -> int:
+        """How many started processes wait to be taken."""
+        return len(self._ready)
+
+    def _handed(self, process: EnvProcess) -> EnvProcess:
+        with self._lock:
+            self._in_use += 1
+            self.peak = max(self.peak, self._in_use)
+        process.on_kill = self._returned
+        return process
+
+    def _returned(self) -> None:
+        with self._lock:
+            self._in_use -= 1
+
+    def close(self) -> None:
+        """Kill the ready processes and the forking parent, and so all it forked; ``pool_for`` then makes another."""
+        self._closed = True
+        self._wanted.set()
+        with self._lock:
+            ready, self._ready = list(self._ready), collections.deque()
+        for process in ready:
+            process.kill()
+        if self._zygote is not None:
+            self._zygote.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._zygote.wait(timeout=5)
+            self._zygote.kill()  # does nothing once it has exited
+            self._zygote.wait()
+
+    def _start(self) -> EnvProcess:
+        """Start a process: forked from the parent when there's a pool, else a fresh interpreter."""
+        root = Path(tempfile.mkdtemp(prefix=owned_prefix("env"), dir=work_dir()))
+        try:
+            for name in ("data", "tmp"):
+                (root / name).mkdir()
+            port = free_port()
+            process = {"app_dir": str(self.image.app_dir), "script": str(self.image.script),
+                       "args": list(self.image.args), "env": self.env, "port": port, "root": str(root),
+                       "private": self.private}
+            if not self.size:
+                popen = subprocess.Popen([sys.executable, zygote.__file__, "run", json.dumps(process)],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                return EnvProcess(popen.pid, port, root, popen)
+            with self._forking:
+                parent = self._zygote_running()
+                parent.stdin.write(json.dumps(process) + "\n")
+                parent.stdin.flush()
+                answer = parent.stdout.readline()
+            if not answer:
+                raise EnvStartError(f"the parent that forks {self.image.script.name} exited")
+            return EnvProcess(json.loads(answer)["pid"], port, root)
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+
+    def _zygote_running(self) -> subprocess.Popen:
+        if self._closed:
+            raise EnvStartError("the pool is closed")
+        if self._zygote is None or self._zygote.poll() is not None:
+            self._zygote = subprocess.Popen(
+                [sys.executable, zygote.__file__, "fork", json.dumps([*self.image.preload, *_SERVER_LIBRARIES])],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                cwd=self.image.app_dir, env={**os.environ, **self.env}, start_new_session=True)
+        return self._zygote
+
+    def _refill(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._keep_ready, name="agentenv-nb-env-pool", daemon=True)
+            self._thread.start()
+        self._wanted.set()
+
+    def _keep_ready(self) -> None:
+        """Top the ready processes up whenever one is taken, starting the missing ones at once."""
+        while not self._closed:
+            self._wanted.wait()
+            self._wanted.clear()
+            with self._lock:
+                missing = max(self.size, self.peak) - len(self._ready)
+            started: list[EnvProcess] = []
+            try:
+                for _ in range(max(missing, 0) if not self._closed else 0):
+                    started.append(self._start())
+                for process in _as_ready(started, self._start_timeout):
+                    with self._lock:
+                        if self._closed:
+                            process.kill()
+                        else:
+                            self._ready.append(process)
+            except Exception:  # a take() starts its own, and reports why it fails
+                for process in started:
+                    if process not in self._ready:
+                        process.kill()
+                time.sleep(1)
+
+
+_pools: dict[tuple, Pool] = {}
+_pools_lock = threading.Lock()
+
+
+def pool_for(image: EnvImage, env: dict[str, str], size: int) -> Pool:
+    """The pool of ``image`` started with ``env``, made on first use."""
+    key = (image.key, tuple(sorted(env.items())), size)
+    with _pools_lock:
+        if key not in _pools or _pools[key]._closed:
+            _pools[key] = Pool(image, env, size)
+        return _pools[key]
+
+
+def pools() -> list[Pool]:
+    """The open pools."""
+    with _pools_lock:
+        return [pool for pool in _pools.values() if not pool._closed]
+
+
+def close_pools() -> None:
+    """Close every pool: its ready processes and its forking parent."""
+    for pool in pools():
+        pool.close()
+
+
+async def _ready(process: EnvProcess, timeout: float) -> None:
+    """Wait until ``process`` listens; raise EnvStartError if it exits or ``timeout`` passes first."""
+    deadline = time.monotonic() + timeout
+    while not process.listening():
+        if failed := _failed(process, deadline, timeout):
+            raise EnvStartError(failed)
+        await asyncio.sleep(_POLL_S)
+
+
+def _as_ready(processes: list[EnvProcess], timeout: float) -> Iterator[EnvProcess]:
+    """Each of the processes as soon as it listens, from a thread; kills and leaves out any that fails to."""
+    deadline, waiting = time.monotonic() + timeout, list(processes)
+    while waiting:
+        for process in list(waiting):
+            if process.listening():
+                waiting.remove(process)
+                yield process
+            elif _failed(process, deadline, timeout):
+                waiting.remove(process)
+                process.kill()
+        time.sleep(2 * _POLL_S)
+
+
+def _failed(process: EnvProcess, deadline: float, timeout: float) -> str | None:
+    """Why a process that doesn't listen yet never will: it exited, or ``deadline`` passed; else None."""
+    if not process.alive():
+        return f"the env process exited before it listened; its output:\n{process.output()}"
+    if time.monotonic() > deadline:
+        return (f"the env process didn't listen in {timeout:g} s (AGENTENV_NB_ENV_START_TIMEOUT); "
+                f"its output:\n{process.output()}")
+    return None
+
+
+def free_port() -> int:
+    """A loopback port free now. The env binds it later, so another process may take it first: zygote then marks
+    the env ready only for a listener of its own, and ``Pool.take`` starts another on a new port."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -1,0 +1,199 @@
+"""The env-side of a process sandbox: turn this process (or a fork of it) into one env's MCP server.
+
+Run as a script, so nothing of the package is imported into the env (the package imports it for its marks and
+``outside_imports``)::
+
+    python zygote.py run '<process json>'     # become the env: a fresh interpreter, as `python server.py` is
+    python zygote.py fork '<module list>'     # import the modules once, then fork a child per line on stdin
+
+A process json holds ``app_dir``, ``script``, ``args``, ``env``, ``port``, ``root`` (the process's own folder: its
+``log`` takes the output, and ``ready`` appears once it listens) and ``private``: the folders under ``root`` (``data``,
+``tmp``) to mount at ``/data`` and ``/tmp`` in a mount namespace of its own, so a file staged for it, or its sqlite in
+/tmp, is its alone. A forked child answers ``{"pid": ...}``; it has a session of its own, so killing its group kills
+all it started, and it dies with the forking parent. The parent kills its children, removes their folders and exits
+when its stdin closes, as it does when the server dies.
+"""
+
+import ast
+import ctypes
+import json
+import logging
+import os
+import runpy
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import psutil
+
+_CLONE_NEWNS, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x20000, 4096, 16384, 1 << 18
+_PR_SET_PDEATHSIG = 1
+PRIVATE_MARK = "private"  # written in root once /data (and /tmp) are the process's own
+READY_MARK = "ready"  # written in root once the server listens
+
+
+def become(process: dict) -> None:
+    """Run the env's script as ``__main__`` in this process, set up as ``process`` says; never returns."""
+    code = 0
+    try:
+        os.setsid()
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        root = os.open(process["root"], os.O_RDONLY)
+        log = os.open("log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600, dir_fd=root)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        if process["private"]:
+            _private(libc, process["root"], process["private"])
+            os.close(os.open(PRIVATE_MARK, os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=root))
+        threading.Thread(target=_mark_ready, args=(process["port"], root), daemon=True).start()
+        # Plain-text logging, set first, so a server's own basicConfig (FastMCP's renders each traceback with rich,
+        # about 0.1 s of CPU for the one every MCP session's close logs) leaves it be.
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        os.environ.update(process["env"])
+        os.environ["MCP_PORT"] = str(process["port"])
+        os.chdir(process["app_dir"])
+        sys.path[0] = process["app_dir"]
+        sys.argv = [process["script"], *process["args"]]
+        if "numpy" in sys.modules:  # random reseeds itself in a fork; numpy's global generator doesn't
+            sys.modules["numpy"].random.seed()
+        runpy.run_path(process["script"], run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (e.code is not None)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def _mark_ready(port: int, root: int) -> None:
+    """Write ``READY_MARK`` in the process's folder once its own server listens on ``port``: uvicorn listens only after
+    the app has started, so its card is served by then, and the parent needn't poll it over HTTP. A listener another
+    process put on the port (it took the port between the parent's pick and this server's bind) doesn't count: this
+    server's bind fails and the process exits, saying so, rather than the episode talking to another env."""
+    while not (_accepts(port) and _listening_here(port)):  # the cheap check first, the tables once it passes
+        time.sleep(0.005)
+    os.close(os.open(READY_MARK, os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=root))
+
+
+def _accepts(port: int) -> bool:
+    """Whether something accepts connections on loopback ``port``."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def _listening_here(port: int) -> bool:
+    """Whether a process of this env's process group (this one, or a server it started) listens on TCP ``port``."""
+    if any(_listens(c, port) for c in _sockets(psutil.Process())):  # as usual: the script serves in this process
+        return True
+    try:  # every listener with its process: about twice the CPU of this process's own, so second
+        owners = {c.pid for c in psutil.net_connections(kind="tcp") if _listens(c, port)}
+    except psutil.AccessDenied:  # the tables themselves are closed to this process
+        owners = {None}
+    if any(_in_group(pid) for pid in owners - {None}):
+        return True
+    if None not in owners:  # every listener's process is known, and none is the env's
+        return False
+    # psutil names a socket's process only where it may read that process's descriptors (every one as root, as here
+    # and on Colab); it may read the group's own, so look at their sockets.
+    group = (process for process in psutil.process_iter() if _in_group(process.pid))
+    return any(_listens(c, port) for process in group for c in _sockets(process))
+
+
+def _listens(connection, port: int) -> bool:
+    return connection.status == psutil.CONN_LISTEN and connection.laddr.port == port
+
+
+def _in_group(pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == os.getpgrp()
+    except OSError:  # gone
+        return False
+
+
+def _sockets(process: psutil.Process) -> list:
+    try:
+        return process.net_connections(kind="tcp")
+    except psutil.Error:  # gone
+        return []
+
+
+def _private(libc, root: str, names: list) -> None:
+    """Mount ``root/<name>`` at ``/<name>`` for each name, in a mount namespace only this process (and its children)
+    sees."""
+    def check(result: int, what: str) -> None:
+        if result != 0:
+            raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+
+    check(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "making / private")
+    for name in names:
+        source, target = os.path.join(root, name).encode(), f"/{name}".encode()
+        check(libc.mount(source, target, None, _MS_BIND | _MS_REC, None), f"binding {root}/{name} at /{name}")
+
+
+def outside_imports(app: Path) -> tuple:
+    """The top-level modules the app's Python files import that aren't its own: what a forking parent imports first
+    (``EnvImage.preload``), so each fork finds them loaded."""
+    local = {path.stem for path in app.glob("*.py")} | {path.name for path in app.iterdir() if path.is_dir()}
+    found = set()
+    for path in app.rglob("*.py"):
+        try:
+            tree = ast.parse(path.read_text("utf8"))
+        except (SyntaxError, UnicodeDecodeError):  # not the app's to run, or not Python
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return tuple(sorted(found - local - {"__future__"}))
+
+
+def serve_forks(modules: list) -> None:
+    """Import ``modules``, then fork a child per JSON line on stdin until it closes; then kill the children still
+    running and remove their folders, as the server would have."""
+    for module in modules:
+        try:
+            __import__(module)
+        except BaseException:  # the child imports it again and reports what fails
+            pass
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped as they exit
+    children = {}
+    for line in sys.stdin:
+        process = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            become(process)
+        children[pid] = process["root"]
+        sys.stdout.write(json.dumps({"pid": pid}) + "\n")
+        sys.stdout.flush()
+    for pid, root in children.items():
+        if os.path.isdir(root):  # the server removes the folder of each child it kills
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    mode, payload = sys.argv[1], json.loads(sys.argv[2])
+    if mode == "run":
+        become(payload)
+    else:
+        serve_forks(payload)

@@ -1,0 +1,44 @@
+"""What the kit starts stops when Python exits: one exit hook closes every object registered here that is still
+alive, newest first, so a client closes its sessions before its server stops and a server before its env processes.
+
+    close_at_exit(server.close)     # a bound method: held weakly, so registering keeps nothing alive
+    close_at_exit(close_pools)      # a function: held for good
+
+A close that fails is logged, and the others still run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import weakref
+from collections.abc import Callable
+
+logger = logging.getLogger(__name__)
+_closers: list[Callable[[], Callable[[], None] | None]] = []
+_lock = threading.Lock()
+
+
+def close_at_exit(close: Callable[[], None]) -> None:
+    """Call ``close`` when Python exits, unless the object it belongs to is gone by then."""
+    held = weakref.WeakMethod(close) if hasattr(close, "__self__") else (lambda: close)
+    with _lock:
+        _closers.append(held)
+
+
+def close_all() -> None:
+    """Call every registered close still alive, newest first; what it registered is forgotten."""
+    with _lock:
+        closers, _closers[:] = list(_closers), []
+    for held in reversed(closers):
+        close = held()
+        if close is None:
+            continue
+        try:
+            close()
+        except Exception:  # one that fails mustn't keep the rest from cleaning up
+            logger.exception("closing %r at exit failed", close)
+
+
+atexit.register(close_all)

@@ -1,0 +1,108 @@
+"""Eval curve of a run from its logs: eval reward by step, plotted against baselines and a reference table.
+
+It reads what ``transformers.Trainer`` already writes (``trainer_state.json``'s ``log_history``), so it works
+on a finished run, a checkpoint, or a live ``trainer.state.log_history``.
+
+Usage::
+
+    from agentenv_nb.notebook.curves import eval_curve, plot_eval_curve, save_eval_curve
+    from agentenv_nb.tasks.gridsim import baseline_scores
+
+    df = eval_curve("out")                   # output dir, checkpoint dir, trainer_state.json or log_history
+    baselines = baseline_scores(eval_days)   # {"idle": ..., "greedy": ..., "optimum": ...}
+    plot_eval_curve(df, baselines=baselines)
+    png, csv = save_eval_curve(df, "out", baselines=baselines)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+QWEN3_4B_GRIDSIM_REFERENCE: dict[str, dict[int, float]] = {
+    "Unsloth": {0: 0.55, 20: 0.52, 40: 0.59},
+    "TRL": {0: 0.57, 20: 0.56, 40: 0.61},
+    "SkyRL": {0: 0.54, 20: 0.55, 40: 0.61},
+    "verl": {0: 0.52, 20: 0.59, 40: 0.60},
+    "prime-rl": {0: 0.56, 20: 0.58, 40: 0.57},
+    "NeMo RL": {0: 0.55, 20: 0.68, 40: 0.67},
+}
+"""Eval reward by GRPO step, one run per trainer: the recipe page's (https://www.agentenvframework.com/docs/training/unsloth)
+table "Qwen3-4B, eval reward on the 200 eval days". Measured on the real
+gridsim-v1 bundle with Qwen3-4B after an SFT warm start (about ±0.06 between runs), so it is a reference
+for what a real run looks like, not a target for the tiny model."""
+
+_EVAL_METRIC = re.compile(r"^eval_(reward|(scores|rewards)/.+/mean)$")
+
+
+def find_trainer_state(path: str | Path) -> Path:
+    """The ``trainer_state.json`` of ``path``: the file itself, or the furthest-trained of the directory's own
+    and its ``checkpoint-*`` ones (the top-level one on a tie, as ``save_state`` writes it last)."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    candidates = [p for p in [path / "trainer_state.json", *path.glob("checkpoint-*/trainer_state.json")]
+                  if p.is_file()]
+    if not candidates:
+        raise FileNotFoundError(f"no trainer_state.json in {path} or its checkpoint-* directories")
+    return max(candidates, key=lambda p: json.loads(p.read_text()).get("global_step", 0))
+
+
+def eval_curve(source: str | Path | list[dict]) -> pd.DataFrame:
+    """Eval reward by step, plus any ``eval_scores/<id>/mean`` and ``eval_rewards/<name>/mean`` columns.
+
+    ``source`` is a run's output or checkpoint directory, a ``trainer_state.json``, or a ``log_history`` list.
+    ``eval_reward`` falls back to the mean of ``eval_rewards/*/mean`` when TRL logged only those.
+    """
+    if not isinstance(source, list):
+        source = json.loads(find_trainer_state(source).read_text())["log_history"]
+    rows = [{"step": log["step"], "eval_reward": None, **{k: v for k, v in log.items() if _EVAL_METRIC.match(k)}}
+            for log in source if any(_EVAL_METRIC.match(k) for k in log)]
+    df = (pd.DataFrame(rows) if rows else pd.DataFrame(columns=["step", "eval_reward"])).astype(float)
+    per_env = [c for c in df.columns if c.startswith("eval_rewards/")]
+    if per_env:
+        df["eval_reward"] = df["eval_reward"].fillna(df[per_env].mean(axis=1))
+    return df.astype({"step": int})
+
+
+def plot_eval_curve(df: pd.DataFrame, baselines: dict[str, float] | None = None,
+                    reference: dict[str, dict[int, float]] | None = QWEN3_4B_GRIDSIM_REFERENCE,
+                    ax: Axes | None = None, title: str = "Eval reward by step") -> Figure:
+    """Plot ``df``'s eval reward (and ``eval_scores/<id>/mean``) by step, with each baseline a horizontal line and
+    each trainer of ``reference`` a faint dashed line; ``reference=None`` leaves the table out.
+
+    Pass baselines as ``agentenv_nb.tasks.gridsim.baseline_scores(days)`` gives them, e.g. on gridsim-v1's eval
+    days ``{"idle": 0.2, "greedy": 0.76, "optimum": 1.0}``.
+    """
+    if ax is None:
+        ax = Figure(figsize=(8, 4.5), layout="constrained").subplots()
+    for name, by_step in (reference or {}).items():
+        ax.plot(list(by_step), list(by_step.values()), linestyle="--", marker=".", alpha=0.35,
+                label=f"{name} (Qwen3-4B, gridsim-v1)")
+    for name, value in (baselines or {}).items():
+        ax.axhline(value, color="grey", linewidth=1, linestyle=":")
+        ax.annotate(f"{name} {value:.2f}", (1, value), xycoords=("axes fraction", "data"), ha="right",
+                    va="bottom", fontsize=8, color="grey")
+    for col in ["eval_reward", *[c for c in df.columns if c.startswith("eval_scores/")]]:
+        style = {"color": "black", "linewidth": 2.5} if col == "eval_reward" else {"linewidth": 1}
+        ax.plot(df["step"], df[col], marker="o", label=col, **style)
+    ax.set(xlabel="GRPO step", ylabel="eval reward", title=title)
+    ax.legend(fontsize=7, loc="best")
+    return ax.figure
+
+
+def save_eval_curve(df: pd.DataFrame, out_dir: str | Path, name: str = "eval_curve",
+                    **plot_kwargs) -> tuple[Path, Path]:
+    """Write ``<name>.png`` (``plot_eval_curve(df, **plot_kwargs)``) and ``<name>.csv`` to ``out_dir``;
+    return their paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png, csv = out_dir / f"{name}.png", out_dir / f"{name}.csv"
+    plot_eval_curve(df, **plot_kwargs).savefig(png, dpi=100)
+    df.to_csv(csv, index=False)
+    return png, csv

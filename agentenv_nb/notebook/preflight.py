@@ -1,0 +1,296 @@
+"""Preflight: the checks to pass before any GPU work starts, one row each, with the fix for each problem.
+
+GPU and free memory against the preset, installed versions against ``requirements-gpu.txt``, unsloth imported
+before trl, the env server reachable and serving the split, the tools' schemas, thinking against the completion
+budget, the server's session limit against what the trainer opens at once, and HF and Modal credentials::
+
+    from agentenv_nb.notebook.preflight import preflight
+    preflight("24gb", env=env, split="train", trainer_args=config, model="unsloth/Qwen3-4B", sandbox="modal")
+
+In a notebook the table is displayed; elsewhere each problem is printed on one line. ``strict=True`` raises
+PreflightError when any check fails. ``capacity_warning`` is the session-limit check on its own, for the
+client and trainer to call outside the preflight.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import sys
+import warnings
+from pathlib import Path
+
+import httpx
+import pandas as pd
+
+from agentenv_nb.client.agentenv import describe_server
+from agentenv_nb.envs.choice import MODAL
+from agentenv_nb.envs.modal_credentials import MODAL_HOW_TO, find_modal_credentials
+from agentenv_nb.train.presets import PRESETS, gpu_need_gb
+
+COLUMNS = ["check", "status", "detail", "fix"]
+THINKING_BUDGET = 6144  # the recipe page: Qwen3-4B's thinking on a GridSim day ran past 6,144 tokens before any tool call
+CPU_PINS = ("trl", "transformers", "unsloth")  # what the CPU path (stock TRL after unsloth's patch) depends on
+TRAINER_STACK = {"torch", "unsloth", "unsloth-zoo", "trl", "transformers", "vllm", "vllm-bnb-plugin", "bitsandbytes",
+                 "peft", "agentenv-framework"}  # a different version here fails; elsewhere it warns
+REQUIREMENTS = Path(__file__).resolve().parents[2] / "requirements-gpu.txt"
+RESTART = "then restart the runtime (Colab: Runtime -> Restart session)"
+
+
+class PreflightError(RuntimeError):
+    """A preflight check failed (``strict=True``); the message lists each failure with its fix."""
+
+
+class CapacityWarning(UserWarning):
+    """The env server's ``max_concurrent_envs`` is below the sessions the trainer opens at once."""
+
+
+def _row(check: str, status: str, detail: str, fix: str = "") -> dict:
+    return {"check": check, "status": status, "detail": detail, "fix": fix}
+
+
+def check_gpu(preset: str) -> list[dict]:
+    """The GPU's name and free memory against what ``preset`` needs; no GPU fails a GPU preset."""
+    import torch
+
+    need = gpu_need_gb(preset)
+    if not torch.cuda.is_available():
+        if not need:
+            return [_row("gpu", "ok", f"no GPU; the {preset} preset runs on the CPU")]
+        return [_row("gpu", "fail", f"no CUDA GPU is visible; the {preset} preset needs about {need:.0f} GB free",
+                     "Colab: Runtime -> Change runtime type -> a GPU (an L4 for '24gb'); elsewhere a machine with an "
+                     "NVIDIA GPU; or preset='cpu-tiny' to run the tiny model on the CPU")]
+    free, total = (value / 2**30 for value in torch.cuda.mem_get_info(0))
+    seen = f"{torch.cuda.get_device_name(0)}: {free:.1f} of {total:.1f} GB free; the {preset} preset needs {need:.0f}"
+    if free >= need:
+        return [_row("gpu", "ok", seen)]
+    fix = ("restart the runtime to free what earlier cells hold, or stop other processes on the GPU (nvidia-smi)"
+           if total >= need else f"a GPU with at least {need:.0f} GB, or a smaller preset ('24gb' needs "
+                                 f"{gpu_need_gb('24gb'):.0f} GB)")
+    return [_row("gpu", "fail", seen, fix)]
+
+
+def check_versions(preset: str, requirements: str | Path = REQUIREMENTS) -> list[dict]:
+    """Installed versions against the exact pins of ``requirements``; on the CPU only the trl, transformers and
+    unsloth pins matter, the rest being the GPU stack's."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    path = Path(requirements)
+    if not path.is_file():
+        return [_row("versions", "warn", f"{path} not found, so versions weren't checked",
+                     "pass requirements= the kit's requirements-gpu.txt (it is in the repository's root)")]
+    cpu = preset == "cpu-tiny"
+    rows, matched = [], 0
+    for line in path.read_text().splitlines():
+        text = line.split("#", 1)[0].strip()
+        if not text or text.startswith("-"):
+            continue
+        pin = Requirement(text)
+        name = canonicalize_name(pin.name)
+        if cpu and name not in CPU_PINS:
+            continue
+        try:
+            installed = importlib.metadata.version(pin.name)
+        except importlib.metadata.PackageNotFoundError:
+            installed = None
+        if installed is not None and pin.specifier.contains(installed, prereleases=True):
+            matched += 1
+            continue
+        status = "fail" if name in TRAINER_STACK else "warn"
+        seen = f"{pin.name} {installed}, " if installed else f"{pin.name} is not installed; "
+        seen += f"{path.name} pins {pin}"
+        rows.append(_row(f"version {pin.name}", status, seen, f"pip install '{pin}', {RESTART}"))
+    scope = " (on the CPU only trl, transformers and unsloth matter; the other pins are the GPU stack's)" if cpu else ""
+    return [_row("versions", "ok" if not rows else "warn", f"{matched} pins of {path.name} match{scope}"), *rows]
+
+
+def _first_import(prefix: str) -> int | None:
+    """Where ``prefix`` or a submodule of it first appears in ``sys.modules``, which keeps import order."""
+    return next((i for i, name in enumerate(sys.modules) if name == prefix or name.startswith(prefix + ".")), None)
+
+
+def check_import_order() -> list[dict]:
+    """``unsloth`` imported before ``trl``, so it can rewrite TRL's trainers (GPU) or patch their CPU path."""
+    trl, unsloth = _first_import("trl"), _first_import("unsloth")
+    if trl is not None and (unsloth is None or trl < unsloth):
+        return [_row("import order", "fail", "trl was imported before unsloth, so Unsloth can't rewrite TRL's "
+                     "trainers (GPU) or patch trl 1.15's fused LM head (CPU)",
+                     "restart the runtime and run this cell first; call agentenv_nb.stack.import_unsloth() (or "
+                     "`import unsloth`) before anything that imports trl")]
+    if unsloth is None:
+        return [_row("import order", "ok", "neither is imported yet; presets.grpo_config imports unsloth first")]
+    return [_row("import order", "ok", "unsloth was imported before trl")]
+
+
+def server_url(env) -> str:
+    """The server URL of an AgentEnv, or ``env`` itself when it is a URL."""
+    return (env if isinstance(env, str) else env.url).rstrip("/")
+
+
+def check_server(env, split: str, timeout: float = 10.0) -> list[dict]:
+    """The env server answers and serves ``split`` with at least one task (OpenEnv's Task API)."""
+    url = server_url(env)
+    start = ("start it on the env host: python -m agentenv_nb.serve BUNDLE --host 0.0.0.0 --port 8000 "
+             "--max-concurrent-envs 64 (docs/env-host.md), or use AgentEnv.local(BUNDLE)")
+    try:
+        with httpx.Client(timeout=timeout, trust_env=False) as http:
+            name, splits = describe_server(http, url)
+            if split not in splits:
+                return [_row("env server", "fail", f"{url} serves {name} with splits {', '.join(splits)}; no {split!r}",
+                             f"use one of them (split=...), or serve a bundle with an eval named {split!r}")]
+            count = http.post(f"{url}/{name}/num_tasks", json={"split": split}).raise_for_status().json()["num_tasks"]
+    except (ConnectionError, httpx.HTTPError, ValueError, KeyError) as error:
+        return [_row("env server", "fail", f"{type(error).__name__}: {error}", start)]
+    if not count:
+        return [_row("env server", "fail", f"{url} serves split {split!r} with no task", "serve a bundle whose "
+                     f"eval {split!r} lists tasks; the server's log says which tasks it left out and why")]
+    return [_row("env server", "ok", f"{url} serves {name}, split {split!r}: {count} tasks")]
+
+
+def check_tools(env, tokenizer=None) -> list[dict]:
+    """The tools' schemas as TRL will read them, and with a tokenizer its chat template (``checks``). Learning the
+    tools plays the split's first task on the server, so a server that can't deploy its envs fails here too."""
+    from agentenv_nb.client import checks
+    from agentenv_nb.stack import import_unsloth
+
+    try:
+        problems = checks.tool_problems(env.factories)
+    except Exception as error:  # whatever stopped the server playing a task: a deploy, a timeout, a lost session
+        return [_row("tool schemas", "fail", f"the server couldn't play a task to list its tools: {error}",
+                     "read the env server's log; on the env host, check its sandbox (docs/env-host.md)")]
+    if tokenizer is not None and (_first_import("trl") is None or _first_import("unsloth") is not None):
+        import_unsloth()  # the template check imports trl, which must come after unsloth
+        problems += checks.template_problems(tokenizer)
+    if not problems:
+        return [_row("tool schemas", "ok", f"every tool of {', '.join(env.factories)} has a schema TRL reads"
+                     + (", and TRL parses the chat template's tool calls" if tokenizer is not None else ""))]
+    return [_row("tool schemas", "fail", *problem.split("; ", 1)) for problem in problems]  # what; its fix
+
+
+def check_thinking(trainer_args, tokenizer=None) -> list[dict]:
+    """Thinking on (``chat_template_kwargs.enable_thinking`` not False) with a completion budget the recipe page saw
+    run out before the first tool call."""
+    if tokenizer is not None and "enable_thinking" not in (getattr(tokenizer, "chat_template", None) or ""):
+        return [_row("thinking", "ok", "the chat template has no thinking switch")]
+    thinking = (getattr(trainer_args, "chat_template_kwargs", None) or {}).get("enable_thinking", True) is not False
+    budget = trainer_args.max_completion_length
+    if thinking and budget < THINKING_BUDGET:
+        return [_row("thinking", "warn", f"thinking is on with max_completion_length={budget}; Qwen3-4B thought past "
+                     f"{THINKING_BUDGET} tokens on GridSim before any tool call, so every rollout scored 0",
+                     "chat_template_kwargs={'enable_thinking': False} (the presets' setting), or a "
+                     f"max_completion_length well over {THINKING_BUDGET}")]
+    return [_row("thinking", "ok", f"thinking {'on' if thinking else 'off'}, max_completion_length={budget}")]
+
+
+def capacity_problem(trainer_args, max_concurrent_envs: int, environments: int = 1) -> str | None:
+    """Why ``max_concurrent_envs`` can't hold the sessions the trainer opens at once, or None when it can."""
+    from agentenv_nb.train.presets import concurrent_sessions
+
+    needed = concurrent_sessions(trainer_args, environments)
+    if max_concurrent_envs >= needed:
+        return None
+    return (f"the env server's max_concurrent_envs={max_concurrent_envs} is below the {needed} sessions this trainer "
+            "opens at once (a step's rollouts or an eval batch, whichever is larger), so the server refuses the rest "
+            f"(CAPACITY_REACHED); serve with --max-concurrent-envs {needed} or more, or lower the trainer's batch")
+
+
+def capacity_warning(trainer_args, max_concurrent_envs: int | None, environments: int = 1) -> str | None:
+    """Warn (CapacityWarning) when the server can't hold the trainer's sessions; return the warning or None.
+    Call it wherever a trainer's args meet an env's ``max_concurrent_envs``."""
+    problem = None if max_concurrent_envs is None else capacity_problem(trainer_args, max_concurrent_envs, environments)
+    if problem:
+        warnings.warn(problem, CapacityWarning, stacklevel=2)
+    return problem
+
+
+def check_capacity(trainer_args, max_concurrent_envs: int | None, environments: int = 1) -> list[dict]:
+    """The server's session limit against what the trainer opens at once."""
+    if max_concurrent_envs is None:
+        return [_row("sessions", "warn", "the env server's max_concurrent_envs is unknown here",
+                     "pass max_concurrent_envs= what the server was started with, so it can be checked")]
+    problem = capacity_problem(trainer_args, max_concurrent_envs, environments)
+    if problem:
+        what, fix = problem.rsplit("; ", 1)
+        return [_row("sessions", "fail", what, fix)]
+    return [_row("sessions", "ok", f"max_concurrent_envs={max_concurrent_envs} holds the trainer's sessions")]
+
+
+def _is_hub_id(name: str | None) -> bool:
+    return bool(name) and not Path(name).exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", name) is not None
+
+
+def check_hf(needs_hf: bool | None, model: str | None) -> list[dict]:
+    """An HF token (HF_TOKEN, a cached login or Colab's secret HF_TOKEN) where a model or bundle comes from the Hub."""
+    from huggingface_hub import get_token
+
+    if not (needs_hf if needs_hf is not None else _is_hub_id(model)):
+        return []
+    if get_token():
+        return [_row("hf token", "ok", "a Hugging Face token is set")]
+    return [_row("hf token", "warn", "no Hugging Face token, and the model or bundle comes from the Hub: a gated or "
+                 "private repo fails, a public one downloads rate-limited",
+                 "huggingface_hub.login(), or set HF_TOKEN (Colab: add the secret HF_TOKEN with notebook access)")]
+
+
+def check_modal(sandbox) -> list[dict]:
+    """Modal credentials, where the envs deploy on Modal."""
+    if getattr(sandbox, "name", sandbox) != MODAL:
+        return []
+    found = find_modal_credentials()
+    if found:
+        return [_row("modal", "ok", f"Modal credentials from {found.source}")]
+    return [_row("modal", "fail", "no Modal credentials, and the envs deploy on Modal", MODAL_HOW_TO)]
+
+
+def preflight(preset: str = "24gb", env=None, split: str = "train", tokenizer=None, trainer_args=None,
+              needs_hf: bool | None = None, sandbox=None, model: str | None = None,
+              max_concurrent_envs: int | None = None, requirements: str | Path = REQUIREMENTS,
+              strict: bool = False, show: bool = True) -> pd.DataFrame:
+    """Run every check that applies and return the table (check, status ok/warn/fail, detail, fix).
+
+    ``env`` is an AgentEnv or a server URL; ``trainer_args`` a GRPOConfig; ``sandbox`` a name or a Choice;
+    ``max_concurrent_envs`` defaults to the env's own. ``show`` displays the table in a notebook, elsewhere prints
+    a line per problem; ``strict`` raises PreflightError on any fail.
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {PRESETS}")
+    rows = check_gpu(preset) + check_versions(preset, requirements) + check_import_order()
+    if env is not None:
+        rows += check_server(env, split)
+        if not isinstance(env, str):
+            rows += check_tools(env, tokenizer)
+    if trainer_args is not None:
+        rows += check_thinking(trainer_args, tokenizer)
+        limit = max_concurrent_envs if max_concurrent_envs is not None else getattr(env, "max_concurrent_envs", None)
+        rows += check_capacity(trainer_args, limit)
+    rows += check_hf(needs_hf, model) + check_modal(sandbox)
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    if show:
+        _show(table)
+    failed = table[table.status == "fail"]
+    if strict and len(failed):
+        raise PreflightError("preflight failed:\n" + "\n".join(_line(row) for row in failed.itertuples()))
+    return table
+
+
+def _line(row) -> str:
+    return f"{row.status.upper()} {row.check}: {row.detail}" + (f" -> fix: {row.fix}" if row.fix else "")
+
+
+def _show(table: pd.DataFrame) -> None:
+    """Display the table in a notebook; elsewhere print one line per problem and a count."""
+    from transformers.utils.import_utils import is_in_notebook
+
+    if is_in_notebook():
+        from IPython.display import display
+
+        display(table.style.apply(lambda row: [f"background-color: {_COLOURS[row.status]}"] * len(row), axis=1))
+        return
+    problems = table[table.status != "ok"]
+    for row in problems.itertuples():
+        print(f"preflight: {_line(row)}")
+    print(f"preflight: {len(table) - len(problems)} of {len(table)} checks ok")
+
+
+_COLOURS = {"ok": "#e6f4ea", "warn": "#fef7e0", "fail": "#fce8e6"}

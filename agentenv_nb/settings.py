@@ -1,0 +1,88 @@
+"""Every ``AGENTENV_NB_*`` setting of the kit, in one place: its default, its type and what it sets.
+
+    from agentenv_nb import settings
+    settings.get("call_timeout")           # 120.0, or what AGENTENV_NB_CALL_TIMEOUT says
+    settings.get("port", given=8080)       # an argument wins over the environment
+
+A value that doesn't parse, or is out of range, raises SettingError naming the variable and what it takes.
+Notebook parameters are overridden the same way, ``AGENTENV_NB_<NAME>`` (``notebook.params``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PREFIX = "AGENTENV_NB_"
+TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+class SettingError(ValueError):
+    """A setting whose value the kit can't use; the message names it and what it takes."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: Any
+    kind: type
+    what: str
+    low: float | None = None
+    high: float | None = None
+
+    @property
+    def variable(self) -> str:
+        return PREFIX + self.name.upper()
+
+
+SETTINGS = {setting.name: setting for setting in (
+    Setting("reset_timeout", 300.0, float, "seconds a reset (an episode's deploy) may take", low=0.001),
+    Setting("call_timeout", 120.0, float, "seconds a tool call or a turn's end may take", low=0.001),
+    Setting("patience", 4.0, float, "seconds to connect, and to wait for a slot another session took", low=0.001),
+    Setting("env_pool", 8, int, "env processes kept started ahead of need, per env (0: start each when asked)", low=0),
+    Setting("pip_install", False, bool, "install an env's missing requirements instead of refusing it"),
+    Setting("env_start_timeout", 60.0, float, "seconds an env process has to serve its card", low=0.001),
+    Setting("work_dir", "/var/tmp/agentenv-nb", str, "where env images are unpacked and env processes get folders"),
+    Setting("host", "0.0.0.0", str, "the address `python -m agentenv_nb.serve` listens on"),
+    Setting("port", 8000, int, "the port `python -m agentenv_nb.serve` listens on (0: any free one)", 0, 65535),
+    Setting("sandbox", None, str, "where envs run: process, modal, local (Docker); unset: chosen for the bundle"),
+    Setting("max_concurrent_envs", 8, int, "sessions a server plays at once: one per rollout in flight", low=1),
+    Setting("bundles", str(Path(__file__).resolve().parents[1] / "bundles.txt"), str,
+            "the list of bundles `get_bundle` knows"),
+)}
+
+
+def get(name: str, given: Any = None) -> Any:
+    """The setting ``name``: ``given`` when not None, else its environment variable, else its default."""
+    setting = SETTINGS[name]
+    if given is not None:
+        return _checked(setting, given, f"{name}={given!r}")
+    text = os.environ.get(setting.variable, "").strip()
+    if not text:
+        return setting.default
+    return _checked(setting, _parse(setting, text), f"{setting.variable}={text!r}")
+
+
+def _parse(setting: Setting, text: str) -> Any:
+    if setting.kind is bool:
+        if text.lower() in TRUE + FALSE:
+            return text.lower() in TRUE
+        raise SettingError(f"{setting.variable}={text!r} isn't a yes or no; set it to 1 or 0 ({setting.what})")
+    try:
+        return setting.kind(text)
+    except ValueError:
+        kind = {int: "a whole number", float: "a number"}.get(setting.kind, setting.kind.__name__)
+        raise SettingError(f"{setting.variable}={text!r} isn't {kind}; set it to one, or unset it "
+                           f"({setting.what})") from None
+
+
+def _checked(setting: Setting, value: Any, shown: str) -> Any:
+    if setting.kind in (int, float) and not isinstance(value, bool):
+        low, high = setting.low, setting.high
+        if (low is not None and value < low) or (high is not None and value > high):
+            bounds = f"from {low:g} to {high:g}" if high is not None else f"at least {low:g}"
+            raise SettingError(f"{shown} is out of range: {setting.name} takes a value {bounds} ({setting.what})")
+    return value
+

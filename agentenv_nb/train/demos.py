@@ -1,0 +1,96 @@
+"""SFT data played through the env itself: the GridSim expert's demonstrations (the day's exact optimum) and
+self-distillation's best rollouts, each a real conversation of tool calls and tool results.
+
+    demos = gridsim_expert(env.factory, env.dataset)           # Rollouts, scored by the task's verifier
+    train_set = sft_dataset(d for d in demos if d["reward"] == 1.0)
+    # self-distillation, as in agent-lightning's "Fine-tune with Unsloth SFT" recipe (microsoft/agent-lightning, examples/unsloth): play the model, keep the top half by reward, fine-tune, repeat
+    rollouts = self_distill_round(model, tokenizer, env, "cpu-tiny", "runs/distill-0")
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterable
+
+from agentenv_nb.tasks.gridsim import battery
+from agentenv_nb.train import presets
+from agentenv_nb.train.rollout import Rollout, call_tools, environment_for, play, tool_methods
+
+DONE = "I submitted the day's schedule."
+
+
+def gridsim_expert(factory: Callable, rows: Iterable[dict],
+                   policy: Callable[[list[float]], list[int]] = battery.optimal_schedule) -> list[Rollout]:
+    """Play each GridSim row as an expert would, through a real environment: get_prices, submit_schedule with
+    ``policy``'s schedule for those prices, end_turn. The verifier scores each as it scores the model."""
+    from transformers.utils import get_json_schema
+
+    environment, rollouts = environment_for(factory, 0), []
+    for row in rows:
+        environment.reset(**{k: v for k, v in row.items() if k != "environment"})
+        rollout = Rollout(task_id=row.get("task_id", ""), messages=[dict(m) for m in row["prompt"]],
+                          tools=[get_json_schema(tool) for tool in tool_methods(environment)], reward=None,
+                          tool_calls=0, tool_failures=0)
+        _act(environment, rollout, "get_prices", {})
+        prices = json.loads(rollout["messages"][-1]["content"])
+        _act(environment, rollout, "submit_schedule", {"schedule": policy(prices)})
+        _act(environment, rollout, "end_turn", {"response": DONE})
+        rollout["reward"] = environment.get_reward()
+        rollouts.append(rollout)
+    return rollouts
+
+
+def _act(environment, rollout: Rollout, name: str, arguments: dict) -> None:
+    """The assistant calls ``name`` and the environment answers, both recorded in the conversation."""
+    call = {"type": "function", "function": {"name": name, "arguments": arguments}}
+    rollout["messages"].append({"role": "assistant", "content": "", "tool_calls": [call]})
+    call_tools(environment, [call], rollout)
+
+
+def _arguments_as_text(message: dict) -> dict:
+    if not message.get("tool_calls"):
+        return message
+    calls = [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
+             for c in message["tool_calls"]]
+    return {**message, "tool_calls": calls}
+
+
+def top_fraction(rollouts: Iterable[Rollout], fraction: float, seed: int = 0) -> list[Rollout]:
+    """agent-lightning's selection: the scored rollouts shuffled, sorted by reward, the top ``fraction`` kept (at
+    least one), shuffled again."""
+    rng = random.Random(seed)
+    scored = [r for r in rollouts if r["reward"] is not None]
+    rng.shuffle(scored)
+    scored.sort(key=lambda r: r["reward"], reverse=True)
+    kept = scored[:max(1, int(len(scored) * fraction))]
+    rng.shuffle(kept)
+    return kept
+
+
+def sft_dataset(rollouts: Iterable[Rollout]):
+    """A conversational SFT set (``messages`` and ``tools`` columns, as TRL's SFTTrainer reads them). Tool-call
+    arguments and the tools are kept as JSON text, which the chat template and TRL read as is: Arrow would
+    otherwise merge them into one struct each and hand every call and schema the others' keys as nulls."""
+    from datasets import Dataset
+
+    rows = [{"messages": [_arguments_as_text(m) for m in r["messages"]], "tools": json.dumps(r["tools"])}
+            for r in rollouts]
+    if not rows:
+        raise ValueError("no rollouts to learn from: none was kept (check the rewards, or keep a larger fraction)")
+    return Dataset.from_list(rows)
+
+
+def self_distill_round(model, tokenizer, env, preset: str, output_dir: str, *, fraction: float = 0.5,
+                       samples: int = 2, temperature: float = 1.0, max_steps: int | None = None,
+                       **play_kwargs) -> list[Rollout]:
+    """One round of agent-lightning's Unsloth SFT loop: play each train task ``samples`` times, fine-tune ``model`` in place on the
+    top ``fraction`` by reward (TRL's SFTTrainer, ``preset``'s SFT settings, ``max_steps`` if given); returns the
+    round's rollouts."""
+    from trl import SFTTrainer
+
+    rows = [row for row in env.dataset for _ in range(samples)]
+    rollouts = play(model, tokenizer, env.factory, rows, temperature=temperature, **play_kwargs)
+    SFTTrainer(model=model, processing_class=tokenizer, train_dataset=sft_dataset(top_fraction(rollouts, fraction)),
+               args=presets.sft_config(preset, output_dir=output_dir, max_steps=max_steps)).train()
+    return rollouts

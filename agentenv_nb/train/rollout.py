@@ -1,0 +1,162 @@
+"""Play a model through ``environment_factory`` environments the way TRL's GRPOTrainer does, and keep each
+conversation: for evals outside a GRPO run (before and after SFT) and for self-distillation's rollouts.
+
+    rollouts = play(model, tokenizer, env.factory, env.dataset_for("eval"), max_new_tokens=256)
+    summary(rollouts)   # {"reward": ..., "tool_calls": ..., "unscored": ...}
+
+The rules are TRL's: an environment's tools are its public methods but ``reset`` and ``get_reward``; ``reset``
+gets the whole row, and a string it returns is appended to the last prompt message; the model gets at most
+``max_tool_calling_iterations`` rounds of tool results; a failing tool call answers ``{"error": ...}``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any, TypedDict
+
+from agentenv_nb.client.tools import RESERVED
+from agentenv_nb.stack import import_unsloth
+
+
+class Rollout(TypedDict):
+    """One played task: the conversation the model had, the tools it saw, and what the env made of it."""
+
+    task_id: str
+    messages: list[dict]
+    tools: list[dict]
+    reward: float | None
+    tool_calls: int
+    tool_failures: int
+
+
+def tool_methods(environment: Any) -> list[Callable]:
+    """The environment's tools, as TRL lists them: its class's public functions but reset and get_reward."""
+    return [getattr(environment, name) for name, _ in inspect.getmembers(type(environment), inspect.isfunction)
+            if not name.startswith("_") and name not in RESERVED]
+
+
+# Environments by class, made once and reset for every rollout, as TRL pools them: each may hold a server session.
+_POOLS: dict[type, list[Any]] = {}
+
+
+def play(model: Any, tokenizer: Any, factory: Callable | dict[str, Callable], rows: Iterable[dict], *,
+         max_tool_calling_iterations: int = 2, max_new_tokens: int = 256, temperature: float = 0.0,
+         batch_size: int = 8, chat_template_kwargs: dict | None = None) -> list[Rollout]:
+    """Play every row's task with ``model``, ``batch_size`` rollouts at a time (greedy at temperature 0)."""
+    import_unsloth()  # before trl, so Unsloth patches it first
+    from trl.chat_template_utils import add_response_schema, get_training_chat_template
+
+    tokenizer = tokenizer if getattr(tokenizer, "response_schema", None) else add_response_schema(tokenizer)
+    # Rendered as TRL's trainers render a conversation (its prefix-preserving training template, where it has one),
+    # so a model sees here what it was fine-tuned on and what GRPO will show it.
+    template_kwargs = {"enable_thinking": False, "chat_template": get_training_chat_template(tokenizer),
+                       **(chat_template_kwargs or {})}
+    rows, rollouts, training = list(rows), [], model.training
+    model.eval()  # generation with the KV cache, which gradient checkpointing turns off while training
+    try:
+        for start in range(0, len(rows), batch_size):
+            batch = rows[start:start + batch_size]
+            classes = [factory[row["environment"]] if isinstance(factory, dict) else factory for row in batch]
+            environments = [environment_for(cls, classes[:i].count(cls)) for i, cls in enumerate(classes)]
+            rollouts += _play_batch(model, tokenizer, environments, batch, max_tool_calling_iterations,
+                                    dict(max_new_tokens=max_new_tokens, temperature=temperature), template_kwargs)
+    finally:
+        model.train(training)
+    return rollouts
+
+
+def environment_for(cls: Callable, slot: int) -> Any:
+    """The ``slot``-th pooled environment of ``cls``, made when the pool is smaller."""
+    pool = _POOLS.setdefault(cls, [])
+    while len(pool) <= slot:
+        pool.append(cls())
+    return pool[slot]
+
+
+def _play_batch(model, tokenizer, environments, rows, iterations, sampling, template_kwargs) -> list[Rollout]:
+    from transformers.utils import get_json_schema
+
+    rollouts: list[Rollout] = []
+    for environment, row in zip(environments, rows):
+        messages = [dict(message) for message in row["prompt"]]
+        observation = environment.reset(**{k: v for k, v in row.items() if k != "environment"})
+        if isinstance(observation, str):
+            messages[-1]["content"] += observation
+        tools = tool_methods(environment)
+        rollouts.append(Rollout(task_id=row.get("task_id", ""), messages=messages,
+                                tools=[get_json_schema(tool) for tool in tools], reward=None, tool_calls=0,
+                                tool_failures=0))
+    active = list(range(len(rows)))
+    for iteration in range(iterations + 1):
+        replies = _generate(model, tokenizer, [rollouts[i] for i in active], sampling, template_kwargs)
+        still = []
+        for i, reply in zip(active, replies):
+            rollouts[i]["messages"].append(reply)
+            if reply.get("tool_calls") and iteration < iterations:
+                call_tools(environments[i], reply["tool_calls"], rollouts[i])
+                still.append(i)
+        active = still
+        if not active:
+            break
+    for environment, rollout in zip(environments, rollouts):
+        rollout["reward"] = environment.get_reward()
+    return rollouts
+
+
+def _generate(model, tokenizer, rollouts, sampling, template_kwargs) -> list[dict]:
+    """One reply for each rollout's conversation so far, generated as one left-padded batch."""
+    import torch
+    from trl.chat_template_utils import parse_response
+
+    prompts = [tokenizer.apply_chat_template(r["messages"], tools=r["tools"], add_generation_prompt=True,
+                                             tokenize=False, **template_kwargs) for r in rollouts]
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    try:
+        inputs = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    finally:
+        tokenizer.padding_side = side
+    greedy = sampling["temperature"] <= 0
+    with torch.no_grad():
+        output = model.generate(**inputs, max_new_tokens=sampling["max_new_tokens"], do_sample=not greedy,
+                                temperature=None if greedy else sampling["temperature"],
+                                pad_token_id=tokenizer.pad_token_id)
+    width = inputs["input_ids"].shape[1]
+    stops = {tokenizer.pad_token_id, tokenizer.eos_token_id}
+    prompts_ids = [[i for i, keep in zip(ids, mask) if keep]  # without the left padding
+                   for ids, mask in zip(inputs["input_ids"].tolist(), inputs["attention_mask"].tolist())]
+    return [parse_response(tokenizer, _until_stop(ids, stops), prefix=prefix)
+            for ids, prefix in zip(output[:, width:].tolist(), prompts_ids)]
+
+
+def _until_stop(ids: list[int], stops: set[int]) -> list[int]:
+    """The generated ids up to and including the first stop token, without the padding after it."""
+    for position, token in enumerate(ids):
+        if token in stops:
+            return ids[:position + 1]
+    return ids
+
+
+def call_tools(environment: Any, calls: list[dict], rollout: Rollout) -> None:
+    """Run each tool call on the environment and append its result as a tool message, as TRL does."""
+    tools = {tool.__name__: tool for tool in tool_methods(environment)}
+    for call in calls:
+        rollout["tool_calls"] += 1
+        name = call.get("function", {}).get("name", "unknown")
+        try:
+            if call.get("type") != "function" or name not in tools:
+                raise ValueError(f"Tool {name} not found.")
+            result: Any = str(tools[name](**call["function"].get("arguments", {})))
+        except Exception as e:  # the model's bad call is the model's to see, as in TRL
+            rollout["tool_failures"] += 1
+            result = str({"error": str(e)})
+        rollout["messages"].append({"role": "tool", "name": name, "content": result})
+
+
+def summary(rollouts: list[Rollout]) -> dict[str, float]:
+    """Mean reward of the scored rollouts, tool calls a rollout, and the share of tool-calling and unscored ones."""
+    scored = [r["reward"] for r in rollouts if r["reward"] is not None]
+    return {"reward": sum(scored) / len(scored) if scored else float("nan"),
+            "tool_calls": sum(r["tool_calls"] for r in rollouts) / len(rollouts),
+            "tool_call_rate": sum(r["tool_calls"] > 0 for r in rollouts) / len(rollouts),
+            "unscored": sum(r["reward"] is None for r in rollouts) / len(rollouts)}

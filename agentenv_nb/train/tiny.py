@@ -1,0 +1,201 @@
+"""Random Qwen3-format models built offline: a tiny one for CPU runs, a Qwen3-4B-shaped one for GPU benchmarks.
+
+The tiny model lets the whole notebook sequence (SFT warm start, GRPO, eval) run on a CPU in minutes
+without the Hugging Face Hub: a byte-level BPE tokenizer trained on a small corpus (tool-call JSON
+included, plus whatever texts the caller passes), TRL's Qwen3 chat template (so TRL parses its tool
+calls), and a randomly initialised ``Qwen3ForCausalLM``. The 4B-shaped model measures time and memory
+honestly where no weights can be downloaded; it can't measure reward.
+
+Usage::
+
+    from agentenv_nb.train.tiny import build_tiny_model, build_random_qwen3_4b
+
+    path = build_tiny_model("models/tiny-qwen3", corpus_texts=[system_prompt, tools_json])
+    model, tokenizer = FastLanguageModel.from_pretrained(path, max_seq_length=2048)
+    build_random_qwen3_4b("models/qwen3-4b-random", device="cuda")   # on the GPU machine
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from agentenv_nb.stack import hide_broken_torchvision
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+"""Qwen3's special tokens: dropped by ``decode(skip_special_tokens=True)``."""
+MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+"""Qwen3's added, non-special tokens: kept when decoding, so TRL's parser sees the tool-call tags."""
+QWEN3_VOCAB_SIZE = 151936
+
+_SAMPLE_TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Get the current weather in a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "The city name."},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}},
+    {"type": "function", "function": {
+        "name": "add", "description": "Add two integers.",
+        "parameters": {"type": "object", "properties": {
+            "a": {"type": "integer", "description": "First number."},
+            "b": {"type": "integer", "description": "Second number."}}, "required": ["a", "b"]}}},
+    {"type": "function", "function": {
+        "name": "end_turn", "description": "End your turn and hand your answer to the task.",
+        "parameters": {"type": "object", "properties": {
+            "response": {"type": "string", "description": "Your final answer."}}, "required": []}}},
+]
+
+
+def default_corpus() -> list[str]:
+    """Generic tool-calling chats rendered with TRL's Qwen3 template, so BPE merges cover its markup and JSON."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+    from trl.chat_template_utils import qwen3_chat_template
+
+    chats = []
+    for i in range(200):
+        a, b, city = i * 7 % 101, i * 13 % 97, ["Paris", "Austin", "Tokyo", "Lagos"][i % 4]
+        name, args = [("add", {"a": a, "b": b}), ("get_weather", {"city": city, "unit": "celsius"}),
+                      ("end_turn", {"response": f"The answer is {a + b}."})][i % 3]
+        chats.append([
+            {"role": "system", "content": "You are a helpful agent. Use the tools."},
+            {"role": "user", "content": f"What is {a} plus {b}? And the weather in {city}?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+                "name": name, "arguments": args}}]},
+            {"role": "tool", "name": name, "content": json.dumps({"result": a + b, "hour": i % 24})},
+            {"role": "assistant", "content": f"It is {a + b}, and {i % 40} degrees."}])
+    rendered, _ = render_jinja_template(chats[:20], tools=_SAMPLE_TOOLS, chat_template=qwen3_chat_template)
+    plain, _ = render_jinja_template(chats[20:], chat_template=qwen3_chat_template)
+    return [*rendered, *plain]
+
+
+def build_tokenizer(corpus_texts: Iterable[str] = (), vocab_size: int = 2048, pad_to: int | None = None):
+    """Train a byte-level BPE on the default corpus plus ``corpus_texts``; wrap it as a Qwen3 chat tokenizer.
+
+    ``pad_to`` fills the vocabulary with unreachable byte strings up to that size, so every id a
+    larger random model can sample still decodes to text.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    from trl.chat_template_utils import qwen3_chat_template
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    bpe.train_from_iterator([*default_corpus(), *corpus_texts], trainer=trainer)
+    if pad_to is not None:
+        bpe = _pad_vocab(bpe, pad_to - len(MARKUP_TOKENS))
+    bpe.add_tokens(MARKUP_TOKENS)  # after the padding, so they take the last ids, as in Qwen3's vocabulary
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        chat_template=qwen3_chat_template, model_max_length=40960, padding_side="left")
+
+
+def _pad_vocab(bpe, size: int):
+    """Add byte-string entries (never produced by encoding) to the BPE vocab until it holds ``size`` ids."""
+    from itertools import product
+
+    from tokenizers import Tokenizer, pre_tokenizers
+
+    state = json.loads(bpe.to_str())
+    vocab = state["model"]["vocab"]
+    taken, next_id = set(vocab), max(vocab.values()) + 1
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    for length in (2, 3):
+        for chars in product(alphabet, repeat=length):
+            if next_id >= size:
+                return Tokenizer.from_str(json.dumps(state))
+            piece = "".join(chars)
+            if piece not in taken:
+                vocab[piece] = next_id
+                next_id += 1
+    raise ValueError(f"can't pad a byte-level vocabulary to {size}")
+
+
+def tiny_config(tokenizer, hidden_size: int = 64, num_hidden_layers: int = 2):
+    """A Qwen3 config small enough to train in seconds on two CPU cores, sized to ``tokenizer``."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_hidden_layers, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=hidden_size // 4, max_position_embeddings=8192, max_window_layers=num_hidden_layers,
+        tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        **_token_ids(tokenizer))
+
+
+def qwen3_4b_config():
+    """Qwen3-4B's published shape: 36 layers, hidden 2560, 32 heads (8 KV) of 128, vocab 151936."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=QWEN3_VOCAB_SIZE, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+        max_window_layers=36, tie_word_embeddings=True, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        bos_token_id=151643, eos_token_id=151645, pad_token_id=151643)
+
+
+def _token_ids(tokenizer) -> dict:
+    """The config's special-token ids, taken from the tokenizer (Qwen3 has no BOS it prepends)."""
+    return {"bos_token_id": tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+            "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
+
+
+def build_tiny_model(path: str | os.PathLike, corpus_texts: Iterable[str] = (), seed: int = 0,
+                     vocab_size: int = 2048, hidden_size: int = 64, num_hidden_layers: int = 2) -> str:
+    """Save a tokenizer and a random tiny Qwen3ForCausalLM at ``path``; reuse the folder if it exists."""
+    def make():
+        tokenizer = build_tokenizer(corpus_texts, vocab_size=vocab_size)
+        return tiny_config(tokenizer, hidden_size, num_hidden_layers), tokenizer
+
+    return _build(path, make, seed=seed, dtype="float32")
+
+
+def build_random_qwen3_4b(path: str | os.PathLike, seed: int = 0, device: str | None = None,
+                          corpus_texts: Iterable[str] = ()) -> str:
+    """Save a random-initialised Qwen3-4B-shaped model in bf16 with the tiny tokenizer padded to its vocab.
+
+    Build it on the GPU (``device="cuda"``): initialising 4B parameters on a CPU is slow.
+    """
+    def make():
+        tokenizer = build_tokenizer(corpus_texts, pad_to=QWEN3_VOCAB_SIZE)
+        config = qwen3_4b_config()
+        config.update(_token_ids(tokenizer))
+        return config, tokenizer
+
+    return _build(path, make, seed=seed, dtype="bfloat16", device=device)
+
+
+def _build(path, make, seed: int, dtype: str, device: str | None = None) -> str:
+    """Build config, tokenizer and random weights into a temporary folder, then move it into place."""
+    path = Path(path)
+    if (path / "config.json").exists() and (path / "tokenizer.json").exists():
+        return str(path)
+    hide_broken_torchvision()  # before transformers' model classes
+    import torch
+    from transformers import GenerationConfig, Qwen3ForCausalLM
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    staging.chmod(0o755)
+    try:
+        config, tokenizer = make()
+        torch.manual_seed(seed)
+        with torch.device(device or "cpu"):
+            model = Qwen3ForCausalLM._from_config(config, dtype=getattr(torch, dtype))
+        model.generation_config = GenerationConfig(
+            eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id], pad_token_id=tokenizer.pad_token_id)
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        if path.exists():  # a half-built folder from an interrupted run
+            shutil.rmtree(path)
+        staging.rename(path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return str(path)
