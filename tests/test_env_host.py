@@ -135,8 +135,12 @@ def test_local_server_processes_share_the_sessions_and_leave_nothing_behind(tmp_
 
 def test_server_processes_say_why_they_cannot_start(tmp_path):
     from agentenv_nb.envs.serving import serve_in_processes
+    from agentenv_nb.tasks import gridsim
 
     with pytest.raises(ValueError, match="step id"):
         serve_in_processes(tmp_path, 1, reward=lambda scores: 1.0)
-    with pytest.raises(RuntimeError, match="exited while starting"):
+    with pytest.raises(KeyError, match="no bundle .*no-bundle': no such folder"):  # said here, before any starts
         serve_in_processes(tmp_path / "no-bundle", 1)
+    bundle = gridsim.write_bundle(tmp_path / "gridsim-tiny", train=1, eval=1)
+    with pytest.raises(RuntimeError, match="exited while starting:\n.*AGENTENV_NB_PORT='abc' isn't a whole number"):
+        serve_in_processes(bundle, 1, sandbox="process", env={**os.environ, "AGENTENV_NB_PORT": "abc"})

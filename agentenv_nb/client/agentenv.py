@@ -15,8 +15,9 @@ a dataset whose rows are tasks, and an ``environment_factory`` whose environment
 How TRL drives an environment: it makes one per rollout in flight and reuses it, rollout after rollout, so each holds
 one session (``client.session.Session``). ``reset(**row)`` starts the row's task in the background and returns None, so
 the model writes its first reply while the server deploys; a tool call waits for it. TRL runs tool calls one at a
-time, catching an exception as the tool's result (``{"error": ...}``), and then calls ``get_reward()`` on each
-environment; the first call ends every open episode at once, with an empty reply, or the model's plain-text one.
+time (``agentenv_nb.train.grpo.GRPOTrainer`` runs a round's calls across rollouts at once), catching an exception as
+the tool's result (``{"error": ...}``), then calls ``get_reward()`` on each environment; the first call ends the open
+episodes its thread started at once, with an empty reply, or the model's plain-text one.
 """
 
 from __future__ import annotations
@@ -45,13 +46,17 @@ class AgentEnv:
     every wait (AGENTENV_NB_RESET_TIMEOUT, ..._CALL_TIMEOUT, ..._PATIENCE set their defaults). ``toolsets="each"``
     plays every task once to learn its tools, for a bundle whose tasks differ in them; by default the first task's
     are every task's. ``plain_text_replies`` passes the model's last plain-text reply to a turn it never ended, with
-    ``reward_funcs=env.reward_funcs`` given to the trainer."""
+    ``reward_funcs=env.reward_funcs`` given to the trainer. ``max_concurrent_envs``: the sessions the servers hold
+    together, known for ``local`` and otherwise what they were started with, if given (the preflight checks it
+    against the trainer's; OpenEnv doesn't publish it)."""
 
     def __init__(self, url: str | list[str], split: str = "train", reward: Reward = None,
                  reset_timeout: float | None = None, call_timeout: float | None = None, patience: float | None = None,
-                 toolsets: Literal["first", "each"] = "first", plain_text_replies: bool = False):
+                 toolsets: Literal["first", "each"] = "first", plain_text_replies: bool = False,
+                 max_concurrent_envs: int | None = None):
         self.urls = [u.rstrip("/") for u in ([url] if isinstance(url, str) else url)]
         self.url, self.split, self.toolsets = self.urls[0], split, toolsets
+        self.max_concurrent_envs = max_concurrent_envs
         self.timeouts = {"reset_timeout": settings.get("reset_timeout", reset_timeout),
                          "call_timeout": settings.get("call_timeout", call_timeout),
                          "patience": settings.get("patience", patience)}
@@ -68,16 +73,19 @@ class AgentEnv:
     @classmethod
     def local(cls, bundle, split: str = "train", sandbox: str | None = None, max_concurrent_envs: int = 8,
               reward: Reward = None, processes: int = 0, **options) -> AgentEnv:
-        """Serve ``bundle`` here and play it: on a thread of this process (``processes=0``), or from ``processes``
-        server processes beside it (``envs.serving.serve_in_processes``), which keep the server's work off the trainer's
-        GIL, for a GPU run. Closing the AgentEnv, leaving its ``with`` block, or the process's exit stops the
-        servers. ``reward`` goes to the server, which checks at start that it scores every task."""
+        """Serve ``bundle`` (a folder, or a name as ``tasks.bundles.get_bundle`` takes) here and play it: on a thread
+        of this process (``processes=0``), or from ``processes`` server processes beside it
+        (``envs.serving.serve_in_processes``), which keep the server's work off the trainer's GIL, for a GPU run.
+        Without ``sandbox`` the envs run where ``envs.choice.choose_sandbox`` says; every env is checked before the
+        server starts. Closing the AgentEnv, leaving its ``with`` block, or the process's exit stops the servers, and
+        the env processes they started. ``reward`` goes to the server, which checks at start that it scores every
+        task."""
         from agentenv_nb.envs.serving import serve_in_processes, serve_in_thread
 
         serving = {"sandbox": sandbox, "max_concurrent_envs": max_concurrent_envs, "reward": reward}
         server = serve_in_processes(bundle, processes, **serving) if processes else serve_in_thread(bundle, **serving)
         try:
-            env = cls(server.urls, split=split, **options)
+            env = cls(server.urls, split=split, max_concurrent_envs=server.max_concurrent_envs, **options)
         except BaseException:
             server.close()
             raise
@@ -202,12 +210,19 @@ def describe_server(http: httpx.Client, url: str) -> tuple[str, list[str]]:
     """The environment an OpenEnv server of agent_env serves, and its splits (OpenEnv's Task API); raises
     ConnectionError saying what to start when nothing, or something else, answers at ``url``."""
     start = "start one with `python -m agentenv_nb.serve BUNDLE`, or use AgentEnv.local(BUNDLE)"
+    instead = f"point AgentEnv at the URL `python -m agentenv_nb.serve` prints, or {start}"
     try:
-        [name] = http.get(f"{url}/list_environments").raise_for_status().json()
+        names = http.get(f"{url}/list_environments").raise_for_status().json()
+        if not (isinstance(names, list) and len(names) == 1 and isinstance(names[0], str)):
+            raise ValueError(f"GET /list_environments answered {json.dumps(names)[:100]}, not one environment's name")
+        [name] = names
         splits = [split["name"] for split in http.get(f"{url}/{name}/splits").raise_for_status().json()]
     except httpx.TransportError as e:
         raise ConnectionError(f"no env server answers at {url} ({type(e).__name__}: {e}); {start}") from None
-    except (httpx.HTTPStatusError, ValueError, KeyError, TypeError) as e:
-        raise ConnectionError(f"{url} answers, but isn't an agent_env OpenEnv server ({type(e).__name__}: {e}); "
-                              f"point AgentEnv at the URL `python -m agentenv_nb.serve` prints, or {start}") from None
+    except httpx.HTTPStatusError as e:
+        raise ConnectionError(f"{url} answers, but isn't an agent_env OpenEnv server ({e.request.method} "
+                              f"{e.request.url.path} got HTTP {e.response.status_code}); {instead}") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConnectionError(f"{url} answers, but isn't an agent_env OpenEnv server (its answer doesn't read as "
+                              f"one: {e}); {instead}") from None
     return name, splits

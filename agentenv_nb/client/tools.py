@@ -37,11 +37,21 @@ def tool_method(tool: dict[str, Any], call: Callable[[Any, str, dict[str, Any]],
                                             annotation=python_type(spec)))
         described.append(f"    {parameter}: {_line(spec.get('description')) or f'The {parameter} argument.'}")
 
+    signature = inspect.Signature(parameters)
+    takes = ", ".join(p.name + (" (required)" if p.default is p.empty else "") for p in parameters[1:]) or "nothing"
+
     def method(self, **arguments):
+        # TRL hands the model what a tool raises: an argument the tool lacks is said to it, not sent to the server.
+        if unknown := [repr(given) for given in arguments if given not in signature.parameters or given == "self"]:
+            raise TypeError(f"{name} has no argument {', '.join(unknown)}; it takes {takes}")
+        try:
+            signature.bind(self, **arguments)
+        except TypeError as e:
+            raise TypeError(f"{name}: {e}; it takes {takes}") from None
         return call(self, name, arguments)
 
     method.__name__ = method.__qualname__ = name
-    method.__signature__ = inspect.Signature(parameters)
+    method.__signature__ = signature
     method.__annotations__ = {p.name: p.annotation for p in parameters[1:]}
     method.__doc__ = (tool.get("description") or f"The {name} tool.").strip() + (
         "\n\nArgs:\n" + "\n".join(described) if described else "")

@@ -110,7 +110,11 @@ def _forced(bundle: str | Path, force: str, docker_host: str | None) -> Choice:
         return Choice(PROCESS, "forced; every env is a plain-Python server")
     if force == DOCKER:
         ok, seen = docker_engine(docker_host)
-        return Choice(DOCKER, f"forced; {seen}" + ("" if ok else ", so deploys will fail unless it starts"))
+        if ok:
+            return Choice(DOCKER, f"forced; {seen}")
+        instead = ("; every env is a plain-Python server, so the kit's process sandbox runs them without Docker "
+                   "(sandbox='process', --sandbox process)" if not process_sandbox.problems(bundle) else "")
+        return Choice(DOCKER, f"forced; {seen}, so deploys will fail unless it starts{instead}")
     return Choice(force, "forced")
 
 

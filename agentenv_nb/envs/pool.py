@@ -107,10 +107,8 @@ class Pool:
         self._lock = threading.Lock()  # the ready processes and the counts: held briefly, also on the event loop
         self._forking = threading.Lock()  # the parent's pipe: held while it forks, so off the event loop only
         self._start_timeout = 60.0
-        self._wanted, self._closed = threading.Event(), False
-        self._in_use = self.peak = 0  # peak: the most in use at once so far
-        self._zygote: subprocess.Popen | None = None
-        self._thread: threading.Thread | None = None
+        self._wanted, self._closed, self._in_use, self.peak = threading.Event(), False, 0, 0  # peak: most in use yet
+        self._zygote, self._thread = None, None  # the forking parent (a Popen); the refilling thread
 
     async def take(self, start_timeout: float) -> EnvProcess:
         """A ready process no one has used: a warm one, else one started now."""
@@ -156,6 +154,8 @@ class Pool:
         """Kill the ready processes and the forking parent, and so all it forked; ``pool_for`` then makes another."""
         self._closed = True
         self._wanted.set()
+        if self._thread is not None:  # a refill under way kills what it starts once it sees the pool closed
+            self._thread.join(self._start_timeout + 5)
         with self._lock:
             ready, self._ready = list(self._ready), collections.deque()
         for process in ready:

@@ -9,11 +9,12 @@ It's an ``agent_env.sandbox_providers`` plugin (this package's entry point), cho
 
 ``problems(bundle)`` says which envs of a bundle can't run so, and why. The env must deploy as one server, not
 behind a gateway: its ``envs/<name>/env.toml`` says ``env_provider_type = "server"``. Its Dockerfile must be one a
-process can be (``image.RUNS``): a line it
-can't run is refused by number, and a requirement this Python lacks is refused by name, with the command that
-installs it. Each deploy gets a process no episode used, killed with its process group and folder when the episode
-ends or fails, its TTL passes, or the server stops; ``pool`` keeps some started ahead of need. As root a process
-gets its own /data, where a task's ``load_artifact`` stages its file for the env's data plane, and its own /tmp.
+process can be (``dockerfile.RUNS``): a line it can't run is refused by number, and a requirement this Python lacks
+is refused by name, with the command that installs it; a server checks every env so as it starts (``check``). Each
+deploy gets a process no episode used, killed with its process group and folder when the episode ends or fails, its
+TTL passes, or the server stops (a server on a thread: ``release``); ``pool`` keeps some started ahead of need. As
+root a process gets its own /data, where a task's ``load_artifact`` stages its file for the env's data plane, and its
+own /tmp.
 
 Settings, from ``[sandbox.providers.process] config = {...}`` in ``.agentenv/config.toml`` or the environment
 (``agentenv_nb.settings``): ``pool`` (AGENTENV_NB_ENV_POOL), the processes kept ready per env, forked from a parent
@@ -25,6 +26,7 @@ that imported its libraries, 0 to start each as a fresh interpreter when asked; 
 from __future__ import annotations
 
 import asyncio
+import threading
 import tomllib
 import uuid
 from pathlib import Path, PurePosixPath
@@ -41,13 +43,23 @@ from agent_env.providers.sandbox_providers.sandbox_provider import (
 )
 
 from agentenv_nb import settings
-from agentenv_nb.envs.image import EnvImage, dockerfile_problem, read_image, remove_images
-from agentenv_nb.envs.pool import EnvProcess, close_pools, pool_for
+from agentenv_nb.envs.dockerfile import ImageError, dockerfile_problem
+from agentenv_nb.envs.image import EnvImage, read_image, remove_images
+from agentenv_nb.envs.pool import EnvProcess, Pool, close_pools, pool_for
 from agentenv_nb.lifecycle import close_at_exit
 
 NAME = "process"
 _live: dict[str, ProcessSandbox] = {}  # every sandbox not yet terminated, by id: a deploy's teardown finds it here
 _images: dict[str, EnvImage] = {}  # each image prepare_image read, by image_name, for create_sandbox
+# Which servers use each image and pool, by the thread their event loop runs on: a server's release() closes those
+# no other server uses, so servers in one process share them and none stops another's.
+_users: dict[str | Pool, set[int]] = {}
+_users_lock = threading.Lock()
+
+
+def _used_by_this_server(used: str | Pool) -> None:
+    with _users_lock:
+        _users.setdefault(used, set()).add(threading.get_ident())
 
 
 class ProcessSandbox(Sandbox):
@@ -59,7 +71,7 @@ class ProcessSandbox(Sandbox):
     vnc_url = None
 
     def __init__(self, process: EnvProcess, port: int, ttl_seconds: float):
-        self.process = process
+        self.process, self.server = process, threading.get_ident()
         self.sandbox_id = f"{NAME}-{process.pid}-{uuid.uuid4().hex[:8]}"
         self.tunnel_urls = {port: process.url}
         self._port = port
@@ -123,6 +135,7 @@ class ProcessSandboxProvider(SandboxProvider):
         """Read the image's Dockerfile and check its requirements, once per build context."""
         if image.image_name not in _images:
             _images[image.image_name] = await asyncio.to_thread(read_image, image, pip_install=self.pip_install)
+        _used_by_this_server(_images[image.image_name].key)
 
     async def create_sandbox(self, *, image_name: str, port: int, env: dict[str, str], cpu: float = 1.0,
                              memory: int = 8192, disk_size_gb: float = 10, timeout: int = 3600 * 2,
@@ -133,7 +146,9 @@ class ProcessSandboxProvider(SandboxProvider):
         if image is None:
             raise ValueError(f"the process sandbox runs only an env image built from a bundle's Dockerfile, which the "
                              f"deploy prepares first; {image_name!r} isn't one")
-        process = await pool_for(image, env, self.pool).take(self.start_timeout)
+        pool = pool_for(image, env, self.pool)
+        _used_by_this_server(pool)
+        process = await pool.take(self.start_timeout)
         sandbox = ProcessSandbox(process, port, timeout)
         _live[sandbox.sandbox_id] = sandbox
         return sandbox
@@ -145,19 +160,27 @@ class ProcessSandboxProvider(SandboxProvider):
             raise SandboxNotFoundError(f"no process sandbox {sandbox_id} is running here") from None
 
 
-def problems(bundle: str | Path) -> dict[str, str]:
-    """Why each env of ``bundle`` can't run as a local process, by env name; empty when every one can. Its
-    requirements are checked when a server deploys it."""
+def problems(bundle: str | Path, pip_install: bool | None = None) -> dict[str, str]:
+    """Why each env of ``bundle`` can't run as a local process, by env name; empty when every one can. With
+    ``pip_install`` given, a requirement this Python lacks is a problem too (or is installed, when True)."""
     found = {}
     for name, folder in bundle_envs(bundle).items():
         config = folder / "env.toml"
         kind = tomllib.loads(config.read_text()).get("env_provider_type") if config.is_file() else None
         if kind != "server":
             found[name] = (f"envs/{name}/env.toml doesn't say env_provider_type = \"server\", so it deploys behind "
-                           "a gateway, which needs Docker or a cloud sandbox")
-        elif problem := dockerfile_problem(folder):
+                           "a gateway, which needs Docker or a cloud sandbox; if its image is one MCP server, write "
+                           f"envs/{name}/env.toml with the line env_provider_type = \"server\" to run it as a process")
+        elif problem := dockerfile_problem(folder, pip_install):
             found[name] = problem
     return found
+
+
+def check(bundle: str | Path) -> None:
+    """Raise ImageError saying what to do when an env of ``bundle`` can't run as a local process here, its
+    requirements included (installed instead with AGENTENV_NB_PIP_INSTALL=1): what a server checks as it starts."""
+    if found := problems(bundle, settings.get("pip_install")):
+        raise ImageError("the process sandbox can't run " + "; ".join(f"{name}: {why}" for name, why in found.items()))
 
 
 def bundle_envs(bundle: str | Path) -> dict[str, Path]:
@@ -176,6 +199,26 @@ def running() -> int:
     return len(_live)
 
 
+def release(server: int) -> None:
+    """Forget that the server whose event loop runs on the thread ``server`` uses its images and pools, kill its env
+    processes still running, and close the images and pools no other server uses."""
+    for sandbox in [sandbox for sandbox in _live.values() if sandbox.server == server]:
+        _live.pop(sandbox.sandbox_id, None)
+        sandbox.process.kill()
+    with _users_lock:
+        for users in _users.values():
+            users.discard(server)
+        unused = [used for used, users in _users.items() if not users]
+        for used in unused:
+            del _users[used]
+    for pool in (used for used in unused if isinstance(used, Pool)):
+        pool.close()
+    keys = {used for used in unused if isinstance(used, str)}
+    for name in [name for name, image in _images.items() if image.key in keys]:
+        del _images[name]
+    remove_images(keys)
+
+
 def close_all() -> None:
     """Kill every env process still running, close the pools and remove the unpacked images."""
     for sandbox in list(_live.values()):
@@ -183,6 +226,8 @@ def close_all() -> None:
         sandbox.process.kill()
     close_pools()
     remove_images()
+    _images.clear()
+    _users.clear()
 
 
 close_at_exit(close_all)

@@ -8,8 +8,8 @@ budget, the server's session limit against what the trainer opens at once, and H
     preflight("24gb", env=env, split="train", trainer_args=config, model="unsloth/Qwen3-4B", sandbox="modal")
 
 In a notebook the table is displayed; elsewhere each problem is printed on one line. ``strict=True`` raises
-PreflightError when any check fails. ``capacity_warning`` is the session-limit check on its own, for the
-client and trainer to call outside the preflight.
+PreflightError when any check fails. A session limit below what the trainer opens at once, which would end rollouts
+with CAPACITY_REACHED mid-training, is also warned about (``CapacityWarning``), where no one reads the table.
 """
 
 from __future__ import annotations
@@ -196,20 +196,20 @@ def capacity_problem(trainer_args, max_concurrent_envs: int, environments: int =
 
 
 def capacity_warning(trainer_args, max_concurrent_envs: int | None, environments: int = 1) -> str | None:
-    """Warn (CapacityWarning) when the server can't hold the trainer's sessions; return the warning or None.
-    Call it wherever a trainer's args meet an env's ``max_concurrent_envs``."""
+    """Warn (CapacityWarning) when the server can't hold the trainer's sessions; return the warning or None."""
     problem = None if max_concurrent_envs is None else capacity_problem(trainer_args, max_concurrent_envs, environments)
     if problem:
-        warnings.warn(problem, CapacityWarning, stacklevel=2)
+        warnings.warn(problem, CapacityWarning, stacklevel=3)
     return problem
 
 
 def check_capacity(trainer_args, max_concurrent_envs: int | None, environments: int = 1) -> list[dict]:
-    """The server's session limit against what the trainer opens at once."""
+    """The server's session limit against what the trainer opens at once; a limit too low is warned about too."""
     if max_concurrent_envs is None:
-        return [_row("sessions", "warn", "the env server's max_concurrent_envs is unknown here",
-                     "pass max_concurrent_envs= what the server was started with, so it can be checked")]
-    problem = capacity_problem(trainer_args, max_concurrent_envs, environments)
+        return [_row("sessions", "warn", "the env server's max_concurrent_envs is unknown here (OpenEnv doesn't "
+                     "publish it), so CAPACITY_REACHED mid-training can't be ruled out",
+                     "pass max_concurrent_envs= what the server was started with, to AgentEnv(url, ...) or here")]
+    problem = capacity_warning(trainer_args, max_concurrent_envs, environments)
     if problem:
         what, fix = problem.rsplit("; ", 1)
         return [_row("sessions", "fail", what, fix)]
@@ -250,20 +250,23 @@ def preflight(preset: str = "24gb", env=None, split: str = "train", tokenizer=No
     """Run every check that applies and return the table (check, status ok/warn/fail, detail, fix).
 
     ``env`` is an AgentEnv or a server URL; ``trainer_args`` a GRPOConfig; ``sandbox`` a name or a Choice;
-    ``max_concurrent_envs`` defaults to the env's own. ``show`` displays the table in a notebook, elsewhere prints
+    ``max_concurrent_envs`` defaults to the env's own (``AgentEnv.max_concurrent_envs``: known for ``local``). ``show`` displays the table in a notebook, elsewhere prints
     a line per problem; ``strict`` raises PreflightError on any fail.
     """
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {PRESETS}")
-    rows = check_gpu(preset) + check_versions(preset, requirements) + check_import_order()
+    rows, environments = check_gpu(preset) + check_versions(preset, requirements) + check_import_order(), 1
     if env is not None:
         rows += check_server(env, split)
         if not isinstance(env, str):
-            rows += check_tools(env, tokenizer)
+            rows += (tools := check_tools(env, tokenizer))
+            # TRL keeps sessions per class: one unless tasks differ in tools; a failed probe isn't played again.
+            if env.toolsets == "each" and all(row["status"] == "ok" for row in tools):
+                environments = len(env.factories)
     if trainer_args is not None:
         rows += check_thinking(trainer_args, tokenizer)
         limit = max_concurrent_envs if max_concurrent_envs is not None else getattr(env, "max_concurrent_envs", None)
-        rows += check_capacity(trainer_args, limit)
+        rows += check_capacity(trainer_args, limit, environments)
     rows += check_hf(needs_hf, model) + check_modal(sandbox)
     table = pd.DataFrame(rows, columns=COLUMNS)
     if show:

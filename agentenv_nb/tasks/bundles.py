@@ -11,10 +11,12 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from agentenv_nb import settings
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 HF_PREFIX = "hf-dataset:"
 
@@ -49,14 +51,31 @@ def known_bundles(listing: str | Path | None = None) -> dict[str, BundleSource]:
     return {row[0]: BundleSource(*row) for row in rows}
 
 
-def get_bundle(name: str, root: str | Path = "bundles") -> Path:
-    """The folder of the bundle ``name`` (one of bundles.txt's, or a folder path), fetched into ``root``."""
+class UnknownBundle(KeyError):
+    """A name that is no bundle folder, no bundle of bundles.txt and no installed bundle; the message lists them."""
+
+    def __str__(self) -> str:
+        return self.args[0]  # as written, not quoted as a KeyError's key is
+
+
+def get_bundle(name: str | Path, root: str | Path = "bundles") -> Path:
+    """The folder of the bundle ``name``: a folder path, one of bundles.txt's (fetched into ``root``), or a bundle
+    a package installs (``agent-env run`` lists them, e.g. agent_env's example ``mail-mcp``)."""
     if Path(name).is_dir():
         return Path(name)
     known = known_bundles()
-    if name not in known:
-        raise KeyError(f"no bundle {name!r}: bundles.txt knows {', '.join(known)}; or pass a bundle folder's path")
-    return known[name].fetch(Path(root))
+    if str(name) in known:
+        return known[str(name)].fetch(Path(root))
+    from agent_env.bundle.installed import find_bundle, path_like
+    from agent_env.bundle.parse import BundleError
+
+    if not path_like(str(name)):
+        try:
+            return find_bundle(str(name)).root
+        except BundleError:
+            pass
+    raise UnknownBundle(f"no bundle {str(name)!r}: no such folder, and bundles.txt knows {', '.join(known)}; pass "
+                        "one of those, a bundle folder's path, or an installed bundle's name (agent-env run lists them)")
 
 
 def _download(repo_id: str, folder: str, root: Path) -> Path:
@@ -88,6 +107,7 @@ def _download(repo_id: str, folder: str, root: Path) -> Path:
 def describe(bundle: str | Path) -> pd.DataFrame:
     """A row a task of ``bundle``: its name, the evals (splits) holding it, its prompt, and what it deploys,
     loads and verifies, as agent-env parses the folder."""
+    import pandas as pd
     from agent_env.bundle import parse_bundle
     from agent_env.bundle.parse import BundleKind
 

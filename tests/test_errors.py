@@ -1,0 +1,261 @@
+"""Bad input and faults as a new user meets them: each is one line that says what to do, at the first moment it can be
+known (the serve command's arguments, a server's start, AgentEnv's construction, a tool call, the preflight), and
+closing leaves no process or folder behind.
+
+Everything is real: the serve command as a subprocess, servers on loopback, a plain HTTP server that isn't OpenEnv,
+agent_env's own mail-mcp example bundle, GridSim episodes on the process sandbox. This machine has no Docker engine
+and no Modal account, so the automatic choice is the process sandbox.
+"""
+
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+from agentenv_nb.client import AgentEnv
+from agentenv_nb.envs.choice import SandboxError
+from agentenv_nb.envs.dockerfile import ImageError
+from agentenv_nb.envs.image import work_dir
+from agentenv_nb.envs.serving import serve_in_processes, serve_in_thread
+from agentenv_nb.tasks import gridsim
+
+MAIL_MCP = Path(__import__("agent_env").__file__).parent / "examples" / "mail-mcp"
+SERVE = [sys.executable, "-m", "agentenv_nb.serve"]
+
+
+@pytest.fixture(autouse=True)
+def nowhere_but_processes(tmp_path, monkeypatch):
+    """No Docker engine (a socket nobody listens on), no Modal token, nothing forced, a small warm pool, and a work
+    folder of this test's own, so what is left in it is this test's."""
+    for name in ("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET", "MODAL_PROFILE", "AGENTENV_NB_SANDBOX"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'no-docker.sock'}")
+    monkeypatch.setenv("AGENTENV_NB_ENV_POOL", "2")
+    monkeypatch.setenv("AGENTENV_NB_WORK_DIR", str(tmp_path / "work"))
+
+
+def _gridsim(root: Path, dockerfile_line: str = "", requirement: str = "") -> Path:
+    """A GridSim bundle (2 train days, 1 eval), its Dockerfile given one more line, its requirements one more."""
+    bundle = gridsim.write_bundle(root, train=2, eval=1)
+    env = bundle / "envs" / "gridsim"
+    if dockerfile_line:
+        text = (env / "Dockerfile").read_text()
+        (env / "Dockerfile").write_text(text.replace("WORKDIR /app\n", f"WORKDIR /app\n{dockerfile_line}\n"))
+    if requirement:
+        (env / "requirements.txt").write_text((env / "requirements.txt").read_text() + requirement + "\n")
+    return bundle
+
+
+def _serve_fails(*args: str, env: dict | None = None, cwd=None) -> str:
+    """Run the serve command, which must refuse: exit status 2 and one line on stderr, no traceback."""
+    done = subprocess.run([*SERVE, *args], capture_output=True, text=True, timeout=300, cwd=cwd,
+                          env={**os.environ, **(env or {})})
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, (done.returncode, done.stderr)
+    return lines[0]
+
+
+# The serve command
+
+@pytest.mark.parametrize("args, env, says", [
+    (["--port", "70000"], {}, "--port='70000' is out of range: port takes a value from 0 to 65535"),
+    (["--port", "-5"], {}, "--port='-5' is out of range"),
+    ([], {"AGENTENV_NB_PORT": "abc"}, "AGENTENV_NB_PORT='abc' isn't a whole number"),
+    (["--max-concurrent-envs", "0"], {}, "max_concurrent_envs takes a value at least 1"),
+    (["--max-concurrent-envs", "-3"], {}, "--max-concurrent-envs='-3' is out of range"),
+])
+def test_a_bad_setting_is_one_line_before_anything_loads(tmp_path, args, env, says):
+    line = _serve_fails(str(_gridsim(tmp_path / "bundle")), *args, env=env)
+    assert says in line, line
+
+
+def test_a_missing_or_unknown_bundle_is_one_line(tmp_path):
+    line = _serve_fails(str(tmp_path / "no-bundle"))
+    assert f"no bundle '{tmp_path / 'no-bundle'}': no such folder" in line and "gridsim-tiny" in line, line
+    line = _serve_fails("no-such-bundle")
+    assert "bundles.txt knows gridsim-v1, gridsim-offline, gridsim-tiny" in line, line
+
+
+def test_an_env_a_process_cannot_run_stops_the_command_as_it_starts(tmp_path):
+    line = _serve_fails(str(_gridsim(tmp_path / "apt", dockerfile_line="RUN apt-get update")), "--sandbox", "process")
+    assert "line 3: 'RUN apt-get update'" in line and "--sandbox local" in line, line
+    line = _serve_fails(str(_gridsim(tmp_path / "missing", requirement="agentenv-nb-no-such-package>=1")))
+    assert "-m pip install 'agentenv-nb-no-such-package>=1'" in line and "AGENTENV_NB_PIP_INSTALL=1" in line, line
+
+
+def test_a_bundle_named_in_bundles_txt_serves_from_the_command_and_agentenv_local(tmp_path, monkeypatch, capsys):
+    port = _free_port()
+    with subprocess.Popen([*SERVE, "gridsim-tiny", "--bundle-dir", str(tmp_path / "bundles"), "--host", "127.0.0.1",
+                           "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as server:
+        try:
+            for line in server.stdout:  # the choice of sandbox, then uvicorn's startup lines
+                if "Uvicorn running" in line or "Application startup complete" in line:
+                    break
+            with AgentEnv(f"http://127.0.0.1:{port}") as env:
+                assert len(env.tasks("train")) == 16 and env.max_concurrent_envs is None  # OpenEnv doesn't say
+        finally:
+            server.terminate()
+    assert (tmp_path / "bundles" / "gridsim-tiny" / "tasks").is_dir()
+    monkeypatch.chdir(tmp_path)  # AgentEnv.local fetches into ./bundles, as get_bundle does
+    with AgentEnv.local("gridsim-tiny", max_concurrent_envs=4) as env:  # no sandbox named: chosen, and said
+        assert len(env.tasks("eval")) == 8 and env.max_concurrent_envs == 4
+    assert "agentenv_nb: envs run on process: no Docker engine answers" in capsys.readouterr().out
+
+
+def test_docker_named_where_no_engine_answers_names_the_process_sandbox(tmp_path):
+    from agentenv_nb.envs.choice import choose_sandbox
+
+    choice = choose_sandbox(_gridsim(tmp_path / "gridsim"), force="local", echo=False)
+    assert "deploys will fail" in choice.reason and "process sandbox runs them" in choice.reason, choice.reason
+
+
+def _free_port() -> int:
+    from agentenv_nb.envs.pool import free_port
+
+    return free_port()
+
+
+# Each way of serving checks every env as it starts
+
+def test_every_way_of_serving_checks_the_envs_as_it_starts(tmp_path):
+    apt = _gridsim(tmp_path / "apt", dockerfile_line="RUN apt-get update")
+    missing = _gridsim(tmp_path / "missing", requirement="agentenv-nb-no-such-package>=1")
+    with pytest.raises(SandboxError, match=r"line 3: 'RUN apt-get update'.*--sandbox local"):
+        serve_in_thread(apt, sandbox="process")
+    with pytest.raises(SandboxError, match="line 3: 'RUN apt-get update'"):  # the automatic choice finds no home
+        AgentEnv.local(apt)
+    with pytest.raises(ImageError, match=r"pip install 'agentenv-nb-no-such-package>=1'"):
+        serve_in_processes(missing, 2)
+    with pytest.raises(ImageError, match="agentenv-nb-no-such-package>=1 \\(requirements.txt line 3\\)"):
+        AgentEnv.local(missing)
+    assert not list(work_dir().iterdir())  # nothing started, nothing unpacked
+
+
+def test_an_env_without_env_toml_is_refused_with_the_fix_and_runs_once_fixed(tmp_path):
+    """agent_env's mail-mcp example: its env has no env.toml, so it deploys behind a gateway."""
+    with pytest.raises(SandboxError, match='write envs/mail/env.toml with the line env_provider_type = "server"'):
+        AgentEnv.local("mail-mcp")
+    bundle = shutil.copytree(MAIL_MCP, tmp_path / "mail-mcp", ignore=shutil.ignore_patterns("__pycache__"))
+    (bundle / "envs" / "mail" / "env.toml").write_text('env_provider_type = "server"\n')
+    (bundle / "tasks" / "smoke.json").write_text(json.dumps([  # the example's task, with an agent to play it
+        {"id": "env", "type": "deploy_env", "env_id": "mail"},
+        {"id": "agent", "type": "deploy_agent", "agent_name": "clerk", "env_ids": ["mail"],
+         "system_prompt": "Find the invoice with search_emails, then call end_turn."},
+        {"id": "ask", "type": "prompt_agent", "agent_name": "clerk", "prompt": "Which invoice is due?",
+         "poll_interval_seconds": 0.1},
+        {"id": "finds-the-invoice", "type": "env_outcome_verifier", "env_id": "mail",
+         "file_artifact_id": "check_mail", "verifier_id": "finds-the-invoice"}]))
+    with AgentEnv.local(bundle, split="all") as env:
+        play, [row] = env.factory(), env.dataset.to_list()
+        play.reset(**row)
+        assert json.loads(play.search_emails(query="invoice"))[0]["id"] == "m-1"
+        with pytest.raises(TypeError, match=r"search_emails has no argument 'querry'; it takes query \(required\)"):
+            play.search_emails(querry="invoice")  # TRL hands the model this message as the tool's result
+        assert play.get_reward() == 1.0
+
+
+# A URL that isn't an OpenEnv server
+
+class _NotOpenEnv(http.server.BaseHTTPRequestHandler):
+    """A web server that answers every GET: 404, except / and /list_environments, which are JSON but not OpenEnv's."""
+
+    def do_GET(self):
+        body = {"/": b"<html>hello</html>", "/list_environments": b'{"status": "ok"}'}.get(self.path)
+        self.send_response(404 if body is None else 200)
+        self.end_headers()
+        self.wfile.write(body or b"not found")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def not_openenv():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotOpenEnv)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_a_url_that_answers_http_but_isnt_openenv_is_one_line(not_openenv):
+    from agentenv_nb.notebook.preflight import check_server
+
+    with pytest.raises(ConnectionError) as error:
+        AgentEnv(not_openenv)
+    message = str(error.value)
+    assert "\n" not in message and "isn't an agent_env OpenEnv server" in message, message
+    assert "doesn't read as one" in message and "python -m agentenv_nb.serve" in message, message
+    with pytest.raises(ConnectionError, match="GET /v1/list_environments got HTTP 404") as error:
+        AgentEnv(not_openenv + "/v1")
+    assert "\n" not in str(error.value)
+    [row] = check_server(not_openenv + "/v1", "train")
+    assert row["status"] == "fail" and "got HTTP 404" in row["detail"] and "\n" not in row["detail"]
+
+
+# Closing leaves nothing running
+
+def _ours() -> tuple[set[int], list[str]]:
+    """This process's descendants, and the folders the process sandbox made for it."""
+    return ({child.pid for child in psutil.Process().children(recursive=True)},
+            sorted(path.name for path in work_dir().glob(f"agentenv-nb-*-{os.getpid()}-*")))
+
+
+def _play_a_day(url: str) -> float:
+    with AgentEnv(url) as env:
+        play, row = env.factory(), env.dataset[0]
+        play.reset(**row)
+        play.submit_schedule(schedule=gridsim.battery.optimal_schedule(json.loads(play.get_prices())))
+        return play.get_reward()
+
+
+def test_closing_a_thread_server_stops_its_env_processes_but_not_another_servers(tmp_path):
+    from agentenv_nb.envs.pool import pools
+
+    bundle = _gridsim(tmp_path / "gridsim")
+    before = _ours()
+    first, second = serve_in_thread(bundle, sandbox="process"), serve_in_thread(bundle, sandbox="process")
+    assert _play_a_day(first.url) == _play_a_day(second.url) == 1.0
+    [shared] = pools()  # one image and one warm pool serve both
+    running, folders = _ours()
+    assert running - before[0] and any(name.startswith("agentenv-nb-image-") for name in folders), folders
+    first.close()
+    assert pools() == [shared] and shared.ready and set(folders) <= set(_ours()[1])  # the second server's still
+    assert _play_a_day(second.url) == 1.0
+    second.close()
+    assert pools() == [] and _ours() == before
+    with AgentEnv.local(bundle, max_concurrent_envs=2) as env:  # processes=0: the README's example
+        env.factory().reset(**env.dataset[0])
+        assert pools() and _ours() != before
+    assert pools() == [] and _ours() == before
+
+
+# The preflight's session check
+
+def test_preflight_knows_a_local_servers_session_limit_and_warns_before_training(tmp_path):
+    from agentenv_nb.notebook.preflight import CapacityWarning, preflight
+    from agentenv_nb.train import presets
+
+    config = presets.grpo_config("cpu-tiny", output_dir=str(tmp_path / "grpo"))  # 8 sessions: a step's rollouts
+    bundle = _gridsim(tmp_path / "gridsim")
+    with AgentEnv.local(bundle, max_concurrent_envs=4) as env:
+        with pytest.warns(CapacityWarning, match="CAPACITY_REACHED"):
+            table = preflight("cpu-tiny", env=env, trainer_args=config, show=False)
+        [row] = table[table.check == "sessions"].to_dict("records")
+        assert row["status"] == "fail" and "max_concurrent_envs=4 is below the 8 sessions" in row["detail"]
+        assert "--max-concurrent-envs 8" in row["fix"]
+        [row] = preflight("cpu-tiny", env=env.url, trainer_args=config, show=False).query("check == 'sessions'") \
+            .to_dict("records")
+        assert row["status"] == "warn" and "unknown" in row["detail"]  # a URL alone: OpenEnv doesn't publish it
+    with AgentEnv.local(bundle, max_concurrent_envs=7, processes=2) as env:  # 4 a server, 8 in all
+        assert env.max_concurrent_envs == 8
+        table = preflight("cpu-tiny", env=env, trainer_args=config, show=False)
+        assert table[table.check == "sessions"].status.tolist() == ["ok"]
