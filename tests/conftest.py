@@ -49,13 +49,28 @@ def tiny_model(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
 
 
-def grpo(model_path, out, *, dataset, factory, steps, eval_dataset=None, reward_funcs=(), callbacks=(), **config):
-    """TRL's GRPOTrainer on CPU (unsloth first, as TRL 1.15 needs): LoRA on the tiny model, two rollouts a step as
-    one group, short completions, a log a step; ``config`` overrides GRPOConfig's arguments."""
+TRAINERS = ["trl", "kit"]
+"""The trainer classes a GRPO test can run through: TRL's, and the kit's (``agentenv_nb.train.grpo``)."""
+
+
+def trainer_class(name: str = "trl"):
+    """TRL's GRPOTrainer (unsloth first, as TRL 1.15 needs), or the kit's, whose tool calls run at once."""
     import_unsloth()
+    if name == "kit":
+        from agentenv_nb.train.grpo import GRPOTrainer
+    else:
+        from trl import GRPOTrainer
+    return GRPOTrainer
+
+
+def grpo(model_path, out, *, dataset, factory, steps, eval_dataset=None, reward_funcs=(), callbacks=(),
+         trainer="trl", **config):
+    """A GRPOTrainer on CPU, TRL's or the kit's (``trainer``): LoRA on the tiny model, two rollouts a step as one
+    group, short completions, a log a step; ``config`` overrides GRPOConfig's arguments."""
+    GRPOTrainer = trainer_class(trainer)
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
     args = GRPOConfig(**{
         "output_dir": str(out), "max_steps": steps, "per_device_train_batch_size": 2, "num_generations": 2,

@@ -1,5 +1,5 @@
 """The session rules against a real agent_env server on loopback, and the recipe page's outage table at small
-scale under TRL's GRPOTrainer: a restarting server costs the rollouts in flight, not the ones after it, and a
+scale under TRL's GRPOTrainer and the kit's: a restarting server costs the rollouts in flight, not the ones after it, and a
 slot another session took costs one rollout, not the step.
 
 Bundles here deploy no env (an agent, a prompt, a response verifier), so they run without Docker.
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from .conftest import grpo, one_turn_task, step_logs, warnings, write_bundle
+from .conftest import TRAINERS, grpo, one_turn_task, step_logs, warnings, write_bundle
 
 from agentenv_nb import AgentEnv
 from agentenv_nb.client.environment import player_of
@@ -103,7 +103,8 @@ def test_every_wait_names_the_bound_that_ran_out(tmp_path):
         asyncio.run(run())
 
 
-def test_a_restart_costs_the_rollouts_in_flight_not_the_ones_after(answers, tiny_model, tmp_path, caplog):
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_a_restart_costs_the_rollouts_in_flight_not_the_ones_after(answers, tiny_model, tmp_path, caplog, trainer):
     """Seeds/000's outage table: the server stops mid-episode in step 2 and is back 2 s later."""
     server = serve_in_thread(answers, max_concurrent_envs=4)
     port, back = int(server.url.rsplit(":", 1)[1]), []
@@ -121,7 +122,7 @@ def test_a_restart_costs_the_rollouts_in_flight_not_the_ones_after(answers, tiny
         return [None] * len(completions)
 
     trainer = grpo(tiny_model, tmp_path, dataset=env.dataset, factory=env.factory, steps=4,
-                   reward_funcs=[*env.reward_funcs, outage], callbacks=[env.metrics])
+                   reward_funcs=[*env.reward_funcs, outage], callbacks=[env.metrics], trainer=trainer)
     with caplog.at_level(logging.WARNING):
         trainer.train()
     env.close()
@@ -133,14 +134,15 @@ def test_a_restart_costs_the_rollouts_in_flight_not_the_ones_after(answers, tiny
     assert "rollout left unscored: end_turn: the connection to" in warnings(caplog)
 
 
-def test_a_slot_another_took_costs_one_rollout_not_the_step(answers, tiny_model, tmp_path, caplog):
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_a_slot_another_took_costs_one_rollout_not_the_step(answers, tiny_model, tmp_path, caplog, trainer):
     """The server restarts after step 1, and another client takes one of its two slots until step 2 ends."""
     server = {"now": serve_in_thread(answers, max_concurrent_envs=2)}
     url = server["now"].url
     env = AgentEnv(url, patience=1, plain_text_replies=True)
     intruder, intruding = Session(url), Runtime("intruder")
     trainer = grpo(tiny_model, tmp_path, dataset=env.dataset, factory=env.factory, steps=3,
-                   reward_funcs=env.reward_funcs, callbacks=[env.metrics])
+                   reward_funcs=env.reward_funcs, callbacks=[env.metrics], trainer=trainer)
     from transformers import TrainerCallback
 
     class Intrude(TrainerCallback):

@@ -9,6 +9,10 @@ rollout in flight. Each holds a ``Player``: its session and the episode it plays
     play.get_reward()                  # 1.0, or None when the episode ended in an error, logging why
     with env.factory() as play: ...    # outside a trainer: closes the session, freeing its slot
 
+Environments may be played from many threads at once, each episode by one thread: ``get_reward()`` ends the open
+turns of the episodes its thread started (TRL resets a batch, plays it, then reads the rewards from one thread, so a
+batch's turns end at once), and returns its own episode's reward whatever other threads do.
+
 A tool call that fails raises ToolFailed, whose message TRL hands the model as the tool's result. TRL calls
 ``get_reward()`` with nothing, so a model's plain-text answer reaches the task through a reward function TRL runs
 first, ``read_plain_text_replies`` (``AgentEnv.reward_funcs``).
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -73,6 +78,8 @@ class Player:
         self.runtime, self.rules, self.tools, self.name = runtime, rules, tools, name
         self.session = Session(rules.next_url(), **rules.timeouts)
         self.episode: Episode | None = None
+        self.started_by: int | None = None  # the thread that started the episode, which ends its open turns
+        self._finishing = threading.Lock()
         runtime.register(self)
 
     def start(self, split: str, index: int, task_id: str | None) -> None:
@@ -80,7 +87,8 @@ class Player:
         server has no room for it."""
         if not self.session.opened:
             self.runtime.run(self.session.open(), self.session.reset_bound, "opening a session")
-        self.episode = Episode(split, index, task_id)
+        with self._finishing:
+            self.episode, self.started_by = Episode(split, index, task_id), threading.get_ident()
         self.episode.started = self.runtime.submit(self._start(self.episode))
 
     def call(self, name: str, arguments: dict[str, Any]) -> str:
@@ -92,19 +100,23 @@ class Player:
 
     def finish_soon(self) -> None:
         """Start ending the episode's open turns, if it has any and no one started to."""
-        episode = self.episode
-        if episode is not None and episode.finished is None:
-            episode.finished = self.runtime.submit(self._finish(episode))
+        with self._finishing:
+            episode = self.episode
+            if episode is not None and episode.finished is None:
+                episode.finished = self.runtime.submit(self._finish(episode))
 
     def reward(self) -> float | None:
-        """The episode's reward once every turn has ended, or None, logging why, when it ended in an error."""
+        """The episode's reward once every turn has ended, or None, logging why, when it ended in an error. Starts
+        ending the open turns of every episode this thread started, so a batch's end at once."""
         episode = self.episode
         if episode is None:
-            return None
+            raise RuntimeError(f"{self.name}: get_reward() before any episode: call reset(**row) first, as "
+                               "GRPOTrainer does before it generates")
         if self.rules.plain_text_replies and episode.reply is None:
             self.runtime.warn_once("plain_text_replies is on, but the trainer handed no completion to this "
                                    "environment: pass reward_funcs=env.reward_funcs to GRPOTrainer")
-        self.runtime.finish_open_episodes()
+        self.finish_soon()
+        self.runtime.finish_episodes_started_here()
         bound = self.session.reset_bound + MAX_TURNS * self.session.call_timeout
         try:
             self.runtime.wait(episode.finished, bound, "ending the episode")
@@ -216,7 +228,8 @@ class Environment:
         self._player.start(split, index, task_id)
 
     def get_reward(self) -> float | None:
-        """The episode's reward once every turn has ended, or None, logging why, when it ended in an error."""
+        """The episode's reward once every turn has ended, or None, logging why, when it ended in an error; raises
+        before the first ``reset``."""
         return self._player.reward()
 
     def __enter__(self) -> Environment:

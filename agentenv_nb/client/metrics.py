@@ -11,6 +11,7 @@ scores into the trainer's logs.
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 from typing import Any
 
@@ -32,14 +33,16 @@ class ScoreLog(TrainerCallback):
     def __init__(self):
         self._pending: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
         self._model = None
+        self._lock = threading.Lock()  # environments record from the threads that play them
 
     def record(self, environment: str, scores: dict[str, float] | None) -> None:
         """One rollout's scores by step id, or None when it was left unscored; filed under the trainer's mode."""
         mode = "eval" if self._model is not None and not self._model.training else "train"
-        pending = self._pending[mode]
-        pending[f"scores/{environment}/unscored"].append(float(scores is None))
-        for step, score in (scores or {}).items():
-            pending[f"scores/{environment}/{step}/mean"].append(float(score))
+        with self._lock:
+            pending = self._pending[mode]
+            pending[f"scores/{environment}/unscored"].append(float(scores is None))
+            for step, score in (scores or {}).items():
+                pending[f"scores/{environment}/{step}/mean"].append(float(score))
 
     def on_init_end(self, args, state, control, model=None, **kwargs):
         self._model = model
@@ -52,8 +55,9 @@ class ScoreLog(TrainerCallback):
             return
         mode = "eval" if any(key.startswith("eval_") for key in logs) else "train"
         prefix = "eval_" if mode == "eval" else ""
-        metrics = {prefix + key: sum(values) / len(values) for key, values in self._pending[mode].items() if values}
-        self._pending[mode].clear()
+        with self._lock:
+            metrics = {prefix + key: sum(values) / len(values) for key, values in self._pending[mode].items() if values}
+            self._pending[mode].clear()
         logs.update(metrics)
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
             state.log_history[-1].update(metrics)

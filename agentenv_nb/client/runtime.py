@@ -1,6 +1,6 @@
 """The episodes runtime of one ``AgentEnv``: the event loop its sessions run on, on a thread of its own, and the
 registry of the players (environments) that hold them. TRL calls environments from its own threads; each call
-runs here and waits for its answer within a bound.
+runs here and waits for its answer within a bound, so many threads can play at once.
 
     runtime = Runtime("gridsim")
     runtime.run(session.open(), bound=8, what="opening a session")   # SessionError when the bound passes
@@ -22,9 +22,11 @@ logger = logging.getLogger(__name__)
 
 
 class Registered(Protocol):
-    """What the runtime keeps of a player: its session, and how to end its episode's open turns."""
+    """What the runtime keeps of a player: its session, the thread that started its episode, and how to end the
+    episode's open turns."""
 
     session: Session
+    started_by: int | None
 
     def finish_soon(self) -> None: ...
 
@@ -50,10 +52,12 @@ class Runtime:
         with self._lock:
             self._players.remove(player)
 
-    def finish_open_episodes(self) -> None:
-        """Start ending every player's open episode at once: TRL then reads their rewards one by one."""
+    def finish_episodes_started_here(self) -> None:
+        """Start ending, at once, the open episodes this thread started: TRL resets a batch, plays it, then reads
+        its rewards one by one from that thread; an episode another thread plays is that thread's to end."""
+        here = threading.get_ident()
         with self._lock:
-            players = list(self._players)
+            players = [player for player in self._players if player.started_by == here]
         for player in players:
             player.finish_soon()
 
