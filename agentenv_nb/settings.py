@@ -51,6 +51,8 @@ SETTINGS = {setting.name: setting for setting in (
     Setting("max_concurrent_envs", 8, int, "sessions a server plays at once: one per rollout in flight", low=1),
     Setting("bundles", str(Path(__file__).resolve().parents[1] / "bundles.txt"), str,
             "the list of bundles `get_bundle` knows"),
+    Setting("gpu_memory_gb", None, float, "GB of GPU memory a training run may use, vLLM included (unset: the whole "
+            "card, or what torch.cuda.set_per_process_memory_fraction allows)", low=1),
 )}
 
 
@@ -62,20 +64,26 @@ def get(name: str, given: Any = None) -> Any:
     text = os.environ.get(setting.variable, "").strip()
     if not text:
         return setting.default
-    return _checked(setting, _parse(setting, text), f"{setting.variable}={text!r}")
+    return parse(name, text, setting.variable)
 
 
-def _parse(setting: Setting, text: str) -> Any:
+def parse(name: str, text: str, shown: str | None = None) -> Any:
+    """The setting ``name`` from ``text``, checked: a command-line flag's value reads as the variable's does.
+    ``shown`` names where the text came from in a SettingError (default: the variable)."""
+    setting, shown = SETTINGS[name], shown or SETTINGS[name].variable
+    return _checked(setting, _parse(setting, text.strip(), shown), f"{shown}={text!r}")
+
+
+def _parse(setting: Setting, text: str, shown: str) -> Any:
     if setting.kind is bool:
         if text.lower() in TRUE + FALSE:
             return text.lower() in TRUE
-        raise SettingError(f"{setting.variable}={text!r} isn't a yes or no; set it to 1 or 0 ({setting.what})")
+        raise SettingError(f"{shown}={text!r} isn't a yes or no; set it to 1 or 0 ({setting.what})")
     try:
         return setting.kind(text)
     except ValueError:
         kind = {int: "a whole number", float: "a number"}.get(setting.kind, setting.kind.__name__)
-        raise SettingError(f"{setting.variable}={text!r} isn't {kind}; set it to one, or unset it "
-                           f"({setting.what})") from None
+        raise SettingError(f"{shown}={text!r} isn't {kind}; set it to one, or unset it ({setting.what})") from None
 
 
 def _checked(setting: Setting, value: Any, shown: str) -> Any:

@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -189,56 +190,107 @@ def toy_rows(bundle: str):
 
 def train(trainer, timer: StepTimer) -> None:
     trainer.model.generate = timer.gen.wrap(trainer.model.generate, sync=True)  # an instance attribute: no patching
+    if engine := getattr(trainer.model, "vllm_engine", None):  # Unsloth's colocated vLLM: TRL calls its generate
+        engine.generate = timer.gen.wrap(type(engine).generate.__get__(engine), sync=True)
     trainer.train()
 
 
-def expert_step(factory: type, rows: list[dict], count: int, batch: int) -> dict:
-    """One step's env work with tools, ``count`` rollouts in TRL's order, generation batch by generation batch of
-    ``batch``: the resets, get_prices on each, submit_schedule (the optimum) and end_turn on each, every get_reward.
-    Its wall time and mean reward."""
+class DevicePeak:
+    """The most GPU memory in use on the device (total less free, as nvidia-smi counts it: the whole process, vLLM,
+    CUDA context and graphs included), sampled on a thread every 50 ms since the last ``reset``."""
+
+    def __init__(self):
+        self.peak = 0
+        if CUDA:
+            threading.Thread(target=self._sample, daemon=True).start()
+
+    def _sample(self):
+        while True:
+            free, total = torch.cuda.mem_get_info()
+            self.peak = max(self.peak, total - free)
+            time.sleep(0.05)
+
+    def reset(self) -> None:
+        self.peak = 0
+
+    def gib(self) -> float | None:
+        return self.peak / GIB if CUDA else None
+
+
+@functools.cache
+def device_peak() -> DevicePeak:
+    """The one sampler of a process, started at its first variant."""
+    return DevicePeak()
+
+
+@functools.cache
+def load(model: str, preset: str, overrides: str):
+    """The preset's model with LoRA, as ``models.load_model`` gives it (``overrides``: JSON of from_pretrained
+    arguments over the preset's), and those arguments: loaded once a process, so the variants of a run share it and
+    its one vLLM engine (a second engine in a process would not fit the cap)."""
+    from agentenv_nb.train import models, presets
+    kwargs = {**presets.model_kwargs(preset, model), **json.loads(overrides)}
+    shown = {k: v if isinstance(v, (int, float, str, bool, type(None))) else str(v) for k, v in kwargs.items()}
+    if not json.loads(overrides):
+        return (*models.load_model(model, preset), shown)
+    from unsloth import FastLanguageModel
+    loaded, tokenizer = FastLanguageModel.from_pretrained(**kwargs)
+    return FastLanguageModel.get_peft_model(loaded, **presets.peft_kwargs(preset)), tokenizer, shown
+
+
+def expert_step(factory: type, rows: list[dict], count: int, batch: int, concurrent: bool = False) -> dict:
+    """One step's env work with tools, ``count`` rollouts, generation batch by generation batch of ``batch``: the
+    resets, get_prices on each, submit_schedule (the optimum) and end_turn on each, every get_reward. In TRL's order
+    (one call at a time), or ``concurrent``ly as ``agentenv_nb.train.grpo.GRPOTrainer`` runs a round's tool calls (a
+    thread a rollout, in order within it). Its wall time and mean reward."""
     start, rewards = time.perf_counter(), []
     for first in range(0, count, batch):
         playing = [factory() for _ in range(min(batch, count - first))]
-        try:
-            for i, environment in enumerate(playing):
-                environment.reset(**rows[(first + i) % len(rows)])
-            prices = [json.loads(environment.get_prices()) for environment in playing]
-            for environment, day in zip(playing, prices):
-                environment.submit_schedule(schedule=battery.optimal_schedule(day))
-                environment.end_turn(response="done")
-            rewards += [environment.get_reward() or 0.0 for environment in playing]
-        finally:
-            for environment in playing:
-                environment.__exit__()
-    return {"env_tools_s": time.perf_counter() - start, "env_tools_reward": sum(rewards) / count}
+        with ThreadPoolExecutor(len(playing) if concurrent else 1) as pool:
+            def each(call):  # one tool round: a call on every rollout's env
+                return list(pool.map(call, playing)) if concurrent else [call(env) for env in playing]
+
+            def settle(env):
+                env.submit_schedule(schedule=battery.optimal_schedule(days[id(env)]))
+                env.end_turn(response="done")
+            try:
+                for i, environment in enumerate(playing):
+                    environment.reset(**rows[(first + i) % len(rows)])
+                days = dict(zip(map(id, playing), each(lambda env: json.loads(env.get_prices()))))
+                each(settle)
+                rewards += [environment.get_reward() or 0.0 for environment in playing]
+            finally:
+                for environment in playing:
+                    environment.__exit__()
+    key = "env_tools_concurrent" if concurrent else "env_tools"
+    return {f"{key}_s": time.perf_counter() - start, f"{key}_reward": sum(rewards) / count}
 
 
 def run_kit(args, timer: StepTimer, result: dict) -> None:
     from trl import GRPOTrainer
 
     from agentenv_nb import AgentEnv
-    from agentenv_nb.train import models, presets
+    from agentenv_nb.train import presets
     from agentenv_nb.notebook.live import live_plot
     with AgentEnv.local(args.bundle, split="train", sandbox="process", max_concurrent_envs=64,
                         processes=args.server_processes) as env:
-        model, tokenizer = models.load_model(args.model, args.preset)
+        model, tokenizer, result["model_kwargs"] = load(args.model, args.preset, json.dumps(args.load))
         env.check(tokenizer)
         config = presets.grpo_config(args.preset, **args.overrides)
         train(GRPOTrainer(model=model, processing_class=tokenizer, args=config, train_dataset=env.dataset,
                           environment_factory=timed_class(env.factory, timer.env), reward_funcs=env.reward_funcs,
                           callbacks=[env.metrics, live_plot("console"), timer]), timer)
-        result.update(expert_step(env.factory, env.dataset.to_list(),
-                                  config.per_device_train_batch_size * config.gradient_accumulation_steps,
-                                  config.generation_batch_size))
+        for concurrent in (False, True):  # TRL's loop, then agentenv_nb.train.grpo's concurrent tool calls
+            result.update(expert_step(env.factory, env.dataset.to_list(),
+                                      config.per_device_train_batch_size * config.gradient_accumulation_steps,
+                                      config.generation_batch_size, concurrent))
 
 
 def run_bare(args, timer: StepTimer, result: dict) -> None:
     from trl import GRPOTrainer
-    from unsloth import FastLanguageModel
 
     from agentenv_nb.train import presets
-    model, tokenizer = FastLanguageModel.from_pretrained(**presets.model_kwargs(args.preset, args.model))
-    model = FastLanguageModel.get_peft_model(model, **presets.peft_kwargs(args.preset))
+    model, tokenizer, result["model_kwargs"] = load(args.model, args.preset, json.dumps(args.load))
     train(GRPOTrainer(model=model, processing_class=tokenizer, args=presets.grpo_config(args.preset, **args.overrides),
                       train_dataset=toy_rows(args.bundle), environment_factory=timed_class(ToyGridSim, timer.env),
                       callbacks=[timer]), timer)
@@ -283,6 +335,7 @@ def run_trl(args, timer: StepTimer, result: dict) -> None:
 def run_variant(name: str, run, args, report=None) -> dict:
     """Run one variant; an OOM or an error ends it with a status saying so and the step it reached."""
     free_memory()
+    device_peak().reset()
     result = {"variant": name, "status": "ok", "start_alloc_gib": torch.cuda.memory_allocated() / GIB if CUDA else None}
     timer = StepTimer(args.budget_s, 1 if args.fake_oom == name else None,
                       report and (lambda steps: report({**result, "steps": steps})))
@@ -295,17 +348,20 @@ def run_variant(name: str, run, args, report=None) -> dict:
     except Exception as error:  # reported in the table; the next variant still runs
         result["status"] = f"error: {type(error).__name__}: {str(error)[:200]}"
         traceback.print_exc()
-    result["wall_s"] = time.perf_counter() - start
+    result["wall_s"], result["device_peak_gib"] = time.perf_counter() - start, device_peak().gib()
+    if utilization := result.get("model_kwargs", {}).get("gpu_memory_utilization"):  # vLLM's share, weights + KV
+        result["vllm_gib"] = utilization * torch.cuda.mem_get_info()[1] / GIB
     if timer.steps:  # else the steps are the TRL subprocess's, in its result
         result.update(timer.setup, steps=timer.steps, generate_calls=timer.gen.calls)
         if not timer.gen.calls:  # generation ran where the wrapper doesn't see it: leave the split unmeasured
             result["steps"] = [{**step, "gen_s": None, "update_s": None} for step in timer.steps]
-    result.update(summary(result.setdefault("steps", []), result.get("env_tools_s")))
+    result.update(summary(result.setdefault("steps", []), result.get("env_tools_s"),
+                          result.get("env_tools_concurrent_s")))
     free_memory()
     return result
 
 
-def summary(steps: list[dict], env_tools_s: float | None = None) -> dict:
+def summary(steps: list[dict], env_tools_s: float | None = None, concurrent_s: float | None = None) -> dict:
     """The steady step (the mean of the steps after the first, ``steady_*``), and peaks over every step."""
     steady = steps[1:] or steps
 
@@ -320,13 +376,14 @@ def summary(steps: list[dict], env_tools_s: float | None = None) -> dict:
     if out["steady_step_s"]:
         out["env_pct"] = 100 * out["steady_env_s"] / out["steady_step_s"]
         out["env_tools_pct"] = None if env_tools_s is None else 100 * env_tools_s / out["steady_step_s"]
+        out["env_tools_concurrent_pct"] = None if concurrent_s is None else 100 * concurrent_s / out["steady_step_s"]
     return out
 
 
 COLUMNS = [("variant", "variant", 0), ("step", "step", 0), ("status", "status", 0), ("step s", "step_s", 1),
            ("gen s", "gen_s", 1), ("env s", "env_s", 2), ("update s", "update_s", 1), ("env %", "env_pct", 1),
            ("peak alloc by generation's end GiB", "gen_peak_alloc_gib", 2), ("peak alloc GiB", "peak_alloc_gib", 2),
-           ("peak reserved GiB", "peak_reserved_gib", 2),
+           ("peak reserved GiB", "peak_reserved_gib", 2), ("device peak GiB", "device_peak_gib", 2),
            ("tool calls", "tools/call_frequency", 2), ("completion len", "completions/mean_length", 0)]
 
 
@@ -343,9 +400,16 @@ def table(results: list[dict]) -> str:
     """The variants' steps and steady rows, and the goals checked on the kit's and bare Unsloth's."""
     kit, bare = (next((r for r in results if r["variant"] == v), {}) for v in ("kit", "bare"))
     ratio = kit.get("steady_step_s") and bare.get("steady_step_s") and kit["steady_step_s"] / bare["steady_step_s"]
-    goals = [("kit step / bare Unsloth step (x)", ratio, 1.1), ("kit env time (% of a step)", kit.get("env_pct"), 5),
+    vllm = "vllm_gib" in kit
+    goals = [("kit step / bare Unsloth step (x)", ratio, 1.05 if vllm else 1.1),
+             ("kit env time (% of a step)", kit.get("env_pct"), 5),
              ("kit env time with the expert's 3 tool calls a rollout (% of a step)", kit.get("env_tools_pct"), 5),
+             ("the same, the tool calls run concurrently (agentenv_nb.train.grpo) (% of a step)",
+              kit.get("env_tools_concurrent_pct"), 5),
              ("kit peak reserved (GiB)", kit.get("peak_reserved_gib"), 16)]
+    if vllm:  # the whole process, vLLM's share included, within the card it stands in for
+        goals.append(("kit device peak, the whole process with vLLM's "
+                      f"{kit['vllm_gib']:.1f} GiB (GB)", kit["device_peak_gib"] * GIB / 1e9, 24))
     return "\n".join(markdown(COLUMNS, results) + [""] + [
         f"- {text}: {value:.2f} (goal <= {limit:g}): {'PASS' if value <= limit else 'FAIL'}"
         for text, value, limit in goals if value])
@@ -366,6 +430,8 @@ def parse(argv=None):
                         help="the kit's env servers beside the trainer (AgentEnv.local's processes; 0: a thread)")
     parser.add_argument("--memory-history", type=int, default=0, metavar="N",
                         help="record the CUDA allocator's last N events a variant and dump them to $OUT (0: off)")
+    parser.add_argument("--load", action="append", default=[], metavar="KEY=VALUE",
+                        help="a from_pretrained argument over the preset's, VALUE as JSON (e.g. max_num_seqs=64)")
     parser.add_argument("--tag", default="", help="appended to the JSON report's name")
     parser.add_argument("--smoke", action="store_true", help="CPU plumbing: tiny model, cpu-tiny, 1 step")
     parser.add_argument("--fake-oom", choices=VARIANTS, help="raise an OOM after that variant's first step")
@@ -408,6 +474,7 @@ def write_report(name: str, report: dict) -> Path:
 def main(argv=None) -> dict | None:
     args = parse(argv)
     cap_memory(args.cap_gb)
+    args.load = settings(args.load)
     if args.child:  # the TRL subprocess: writes its result after each step and at the end
         report = Path(args.child + ".result").write_text
         report(json.dumps(run_variant("trl", run_trl_here, args, lambda result: report(json.dumps(result)))))
@@ -430,10 +497,11 @@ def main(argv=None) -> dict | None:
             torch.cuda.memory._dump_snapshot(str(out_dir() / f"memory_{name}{args.tag}.pickle"))
             torch.cuda.memory._record_memory_history(enabled=None)
         print(table(results[-1:]), flush=True)
-    versions = {m: sys.modules[m].__version__ for m in ("torch", "transformers", "trl", "unsloth") if m in sys.modules}
+    versions = {m: sys.modules[m].__version__ for m in ("torch", "transformers", "trl", "unsloth", "vllm")
+                if m in sys.modules}
     device = torch.cuda.get_device_name(0) if CUDA else "cpu"
     report = {"preset": args.preset, "cap_gb": args.cap_gb, "steps": args.steps, "smoke": args.smoke, "device": device,
-              "settings": settings(args.set),
+              "settings": settings(args.set), "load": args.load,
               "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "versions": versions, "results": results}
     path = write_report(f"grpo_{args.preset}{'' if args.cap_gb else '_nocap'}{args.tag}.json", report)
     print(f"\n## GRPO, {args.preset}, GPU held to {args.cap_gb or 'all'} GB, {device}\n\n{table(results)}")

@@ -3,10 +3,17 @@
 # (carry it with the working tree) to GPU_SITE_DIR, puts it and the repo on PYTHONPATH, builds the random
 # Qwen3-4B-shaped model once in MODEL_DIR, then runs the parts, most important first, each under `timeout`:
 #
-#   grpo   bench/gpu_grpo.py: the kit, bare Unsloth, plain TRL; 4-bit, GPU held to 24 GB  -> OUT/grpo_24gb.json
-#   sft    bench/gpu_sft.py: notebook 02's SFT, 4-bit, 24 GB                               -> OUT/sft_24gb.json
-#   test   pytest tests/gpu: a 4-bit GRPO step through AgentEnv whose rollouts call tools  -> OUT/pytest.xml
-#   16bit  optional: bench/gpu_grpo.py --preset 16bit --no-cap (GRPO16_VARIANTS: kit) -> OUT/grpo_16bit_nocap.json
+#   grpo      bench/gpu_grpo.py: the kit, bare Unsloth, plain TRL; 4-bit, GPU held to 24 GB -> OUT/grpo_24gb.json
+#   generate  optional: the same, vLLM off the path: transformers' generate -> OUT/grpo_24gb_generate.json
+#   sft       bench/gpu_sft.py: notebook 02's SFT, 4-bit, 24 GB                              -> OUT/sft_24gb.json
+#   test      pytest tests/gpu, vLLM off the path: a 4-bit GRPO step through AgentEnv whose rollouts call tools
+#             -> OUT/pytest.xml
+#   vllm-test optional: the same with vLLM (fast_inference=True)                      -> OUT/pytest_vllm.xml
+#   16bit     optional: bench/gpu_grpo.py --preset 16bit --no-cap (GRPO16_VARIANTS: kit) -> OUT/grpo_16bit_nocap.json
+#
+# vLLM (the colocated path) is on the path when bench/gpu_ship.sh has unpacked it to GPU_VLLM_SITE_DIR; the presets
+# then generate with it (grpo, 16bit, vllm-test). GPU_KIT_DIR, if set, is imported ahead of the repository (a
+# snapshot of agentenv_nb taken when the run was sent).
 #
 # A part that no longer fits before the deadline is skipped, saying so (run it in a later call). Everything printed
 # also goes to OUT/run.log. The site folder and the model are reused when they are still there from an earlier run.
@@ -19,7 +26,8 @@ usage() {
 Usage: bash bench/gpu_run.sh [OPTIONS] [PARTS]
 
 Run the GPU benchmarks on the GPU machine, from the repository's root there, within a deadline.
-PARTS: comma-separated, from grpo,sft,test,16bit (default grpo,sft,test; "none" only unpacks and builds the model).
+PARTS: comma-separated, from grpo,generate,sft,test,vllm-test,16bit (default grpo,sft,test; "none" only unpacks and
+builds the model).
 
 Options (each has an environment variable; a flag wins over it):
   --smoke                the same parts on this machine's CPU, with a tiny model (the archive is only unpacked)
@@ -36,7 +44,8 @@ Options (each has an environment variable; a flag wins over it):
 
 More settings, by environment variable: GRPO_BUDGET_S (150): training seconds a GRPO variant may take;
 GRPO_VARIANTS (kit,bare,trl): the grpo part's variants; GRPO16_VARIANTS (kit): the 16bit part's;
-GRPO_ARGS: more options of bench/gpu_grpo.py for the grpo part (e.g. "--set steps_per_generation=1").
+GRPO_ARGS: more options of bench/gpu_grpo.py for the grpo part (e.g. "--set steps_per_generation=1");
+GENERATE_VARIANTS (bare) and GENERATE_ARGS: the generate part's; GPU_KIT_DIR: agentenv_nb imported from there first.
 Relative paths are taken from the repository root.
 EOF
 }
@@ -113,7 +122,18 @@ main() {
     say "smoke: $(find "$site" -name '*.dist-info' | wc -l) distributions unpacked; $($PY --version 2>&1) runs without them"
     rm -rf "$site"
   else
-    export PYTHONPATH=$site:$PWD AGENTENV_NB_GPU_MODEL=$MODEL_DIR GPU_TORCH
+    NO_VLLM=${GPU_KIT_DIR:+$GPU_KIT_DIR:}$site:$PWD
+    export PYTHONPATH=$NO_VLLM AGENTENV_NB_GPU_MODEL=$MODEL_DIR GPU_TORCH
+    if [[ -f $GPU_VLLM_SITE_DIR/.unpacked ]]; then
+      PYTHONPATH=${GPU_KIT_DIR:+$GPU_KIT_DIR:}$GPU_VLLM_SITE_DIR:$site:$PWD
+      if found=$($PY -c 'import vllm; from vllm import LLM; print("vllm", vllm.__version__)' 2>&1); then
+        say "vLLM on the path: $GPU_VLLM_SITE_DIR ($(tail -1 <<< "$found"))"
+      else
+        tail -20 <<< "$found"; say "vLLM is at $GPU_VLLM_SITE_DIR but doesn't import (above)"; exit 1
+      fi
+    else
+      say "no vLLM at $GPU_VLLM_SITE_DIR: generating with transformers' generate (ship it: bench/gpu_vllm_site.sh)"
+    fi
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     $PY - "$site" <<'EOF'
 import importlib.metadata as md, os, pathlib, sys
@@ -148,11 +168,17 @@ EOF
 print(b(sys.argv[1], device='cuda'))" "$MODEL_DIR" || { say "could not build the model"; exit 1; }
     MODEL=(--model "$MODEL_DIR")
   fi
+  NO_VLLM=${NO_VLLM:-${PYTHONPATH:-}}
 
   part grpo 200 430 $PY bench/gpu_grpo.py "${MODEL[@]}" --variants "${GRPO_VARIANTS:-kit,bare,trl}" \
     --budget-s "${GRPO_BUDGET_S:-150}" ${GRPO_ARGS:-}
+  part generate 100 250 env PYTHONPATH="$NO_VLLM" $PY bench/gpu_grpo.py "${MODEL[@]}" --tag _generate \
+    --variants "${GENERATE_VARIANTS:-bare}" --budget-s "${GRPO_BUDGET_S:-150}" ${GENERATE_ARGS:-}
   part sft 60 150 $PY bench/gpu_sft.py "${MODEL[@]}"
-  part test 45 150 $PY -m pytest tests/gpu -o addopts= -q -rs -p no:cacheprovider --junitxml "$OUT/pytest.xml"
+  part test 45 150 env PYTHONPATH="$NO_VLLM" $PY -m pytest tests/gpu -o addopts= -q -rs -p no:cacheprovider \
+    --junitxml "$OUT/pytest.xml"
+  part vllm-test 100 250 $PY -m pytest tests/gpu -o addopts= -q -rs -p no:cacheprovider \
+    --junitxml "$OUT/pytest_vllm.xml"
   part 16bit 100 300 $PY bench/gpu_grpo.py "${MODEL[@]}" --preset 16bit --no-cap --variants "${GRPO16_VARIANTS:-kit}" \
     --budget-s "${GRPO_BUDGET_S:-150}"
   say "done; in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"

@@ -95,9 +95,10 @@ echo "python: $PY ($("$PY" --version 2>&1)); work dir: $G;" \
 # Imported only inside try/except ImportError: gradio's IPython magic; xformers, Unsloth's optional kernels (the
 # local one is built for the local torch, which need not be the GPU machine's).
 export OPTIONAL="ipython traitlets xformers"
-# Imported on a GPU only (Unsloth's CUDA path), so the CPU trace can't see them all; seen importing there.
+# Imported on a GPU only (Unsloth's CUDA path), so the CPU trace can't see them all; seen importing there. a2a-sdk's
+# gRPC code imports google.api (googleapis-common-protos), which the GPU machine lacks too.
 export CARRY_GPU="trl unsloth unsloth-zoo bitsandbytes datasets peft cut-cross-entropy torchao tyro docstring-parser
- typeguard json5 nest-asyncio structlog msgspec dill multiprocess"
+ typeguard json5 nest-asyncio structlog msgspec dill multiprocess googleapis-common-protos"
 
 helper() {  # the Python parts: specs | missing | distinfo | verify
   "$PY" - "$@" <<'EOF'

@@ -79,3 +79,25 @@ def test_concurrent_sessions(tmp_path):
     assert presets.concurrent_sessions(big, environments=2) == 64
     tiny = presets.grpo_config("cpu-tiny", output_dir=str(tmp_path), per_device_eval_batch_size=16)
     assert presets.concurrent_sessions(tiny) == 16  # an eval batch larger than a step's rollouts
+
+
+def test_vllm_is_sized_to_the_memory_a_run_may_use(monkeypatch):
+    """vLLM's gpu_memory_utilization is a share of the whole card: the recipe's half is taken of what the run may
+    use (a cap, AGENTENV_NB_GPU_MEMORY_GB), at most the preset's own card, then turned into a share of the card."""
+    from agentenv_nb import settings
+    from agentenv_nb.train.vllm_sizing import gpu_memory_utilization as share
+
+    h200, l4, made_for = 150.1e9, 23.6e9, presets.PRESET_GPU_GB["24gb"] * 1e9
+    assert share(presets.VLLM_SHARE, l4, made_for_bytes=made_for) == 0.5  # the recipe's 0.5 on an L4
+    assert share(0.5, h200) == 0.5  # no preset, no cap: half the card, as before
+    # the "24gb" preset on an H200: 12 GB, not 75
+    assert share(0.5, h200, made_for_bytes=made_for) * h200 == pytest.approx(12e9, rel=1e-3)
+    assert share(0.5, h200, allowed_bytes=24e9) * h200 == pytest.approx(12e9, rel=1e-3)  # a 24 GB cap
+    assert share(0.5, h200, allowed_bytes=16e9, made_for_bytes=made_for) * h200 == pytest.approx(8e9, rel=1e-3)
+    assert share(0.5, l4, allowed_bytes=40e9, made_for_bytes=made_for) == 0.5  # never more than the card
+    assert presets.PRESET_GPU_GB["16bit"] == 48.0  # the L40S
+    monkeypatch.setenv("AGENTENV_NB_GPU_MEMORY_GB", "24")
+    assert settings.get("gpu_memory_gb") == 24.0
+    monkeypatch.setenv("AGENTENV_NB_GPU_MEMORY_GB", "0.5")
+    with pytest.raises(settings.SettingError, match="AGENTENV_NB_GPU_MEMORY_GB"):
+        settings.get("gpu_memory_gb")

@@ -28,6 +28,7 @@ import os
 from typing import Any
 
 from agentenv_nb.stack import import_unsloth, vllm_available
+from agentenv_nb.train import vllm_sizing
 
 PRESETS = ("24gb", "16bit", "cpu-tiny")
 GPU_NEED_GB = {  # free GPU memory a preset's GRPO run needs: (with Unsloth's vLLM, with transformers' generate)
@@ -35,6 +36,8 @@ GPU_NEED_GB = {  # free GPU memory a preset's GRPO run needs: (with Unsloth's vL
     "16bit": (40.0, 25.0),  # the recipe's L40S run, vLLM taking half; likewise
     "cpu-tiny": (0.0, 0.0),
 }
+PRESET_GPU_GB = {"24gb": 24.0, "16bit": 48.0}  # the card each GPU preset is made for (an L4, an L40S): vLLM is sized
+VLLM_SHARE = 0.5  # for at most that, taking the recipe's half of the memory a run may use (vllm_sizing)
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 # Arguments whose default Unsloth's config rewrite changes (the recipe page's "Settings Unsloth changes"), plus the
@@ -72,12 +75,13 @@ def gpu_need_gb(preset: str) -> float:
 
 
 def model_kwargs(preset: str, model_name: str, **overrides: Any) -> dict:
-    """Keyword arguments for ``FastLanguageModel.from_pretrained``."""
+    """Keyword arguments for ``FastLanguageModel.from_pretrained``; with vLLM, sized to the memory the run may use."""
     _check_preset(preset)
     kwargs = {"model_name": model_name, "max_seq_length": 4096, "load_in_4bit": preset == "24gb",
               "fast_inference": fast_inference(preset), "max_lora_rank": 32}
-    if kwargs["fast_inference"]:
-        kwargs["gpu_memory_utilization"] = 0.5  # the rest is the trainer's: weights, LoRA, activations
+    if kwargs["fast_inference"] and "gpu_memory_utilization" not in overrides:  # a share of the WHOLE card
+        kwargs["gpu_memory_utilization"] = vllm_sizing.gpu_memory_utilization(
+            VLLM_SHARE, *vllm_sizing.gpu_memory(), made_for_bytes=PRESET_GPU_GB[preset] * 1e9)
     if preset == "cpu-tiny":
         import torch
 
@@ -108,13 +112,16 @@ def peft_kwargs(preset: str, **overrides: Any) -> dict:
 
 
 def _checkpointing(output_dir: str, save_steps: int | None, resume: bool | str) -> dict:
-    """Checkpoint arguments: every ``save_steps`` steps (or never), and the checkpoint to resume from."""
+    """Checkpoint arguments: every ``save_steps`` steps (or never), and the checkpoint to resume from. A resumed run
+    skips ``eval_on_start``: its checkpoint's log already holds that eval, and a second one at the resumed step
+    would put two points on the eval curve there. ``agentenv_nb.train.fit`` says what it resumes."""
     from transformers.trainer_utils import get_last_checkpoint
 
     if resume is True:
         resume = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    resuming = {"resume_from_checkpoint": resume, "eval_on_start": False} if resume else {}
     return {"output_dir": output_dir, "save_strategy": "steps" if save_steps else "no",
-            "save_steps": save_steps or 500, "resume_from_checkpoint": resume or None}
+            "save_steps": save_steps or 500, "resume_from_checkpoint": None, **resuming}
 
 
 def grpo_kwargs(preset: str, output_dir: str = "outputs", max_steps: int | None = None,

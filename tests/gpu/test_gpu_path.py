@@ -7,8 +7,11 @@ no NVIDIA driver, and where torch sees no CUDA GPU.
                                     # (bench/gpu_run.sh runs it so on the device, with the model it built)
 
 The 4B shape rather than a small model: it is what the notebooks load on a 24 GB GPU, and on an H200 building it
-takes about 10 s, loading it in 4-bit about 10 s. A random model writes no tool call of its own, so ``sequence_bias``
-steers each assistant turn into a ``get_prices`` call: two tool rounds a rollout (``max_tool_calling_iterations``).
+takes about 10 s, loading it in 4-bit about 10 s. A random model writes no tool call of its own, so each assistant
+turn is steered into a ``get_prices`` call: two tool rounds a rollout (``max_tool_calling_iterations``). Where vLLM
+imports, the preset generates on Unsloth's colocated vLLM (``fast_inference=True``, sized to the 24 GB) and a regex
+of vLLM's structured outputs steers; else transformers' ``generate`` and its ``sequence_bias`` do. bench/gpu_run.sh
+runs the file both ways on the device (``test`` without vLLM on the path, ``vllm-test`` with it).
 """
 
 import os
@@ -40,6 +43,9 @@ def model_path(tmp_path_factory) -> str:
         tmp_path_factory.mktemp("qwen3-4b-random") / "model", device="cuda")
 
 
+GET_PRICES = '<tool_call>\n{"name": "get_prices", "arguments": {}}\n</tool_call>'
+
+
 def steer_to_get_prices(tokenizer) -> list:
     """transformers' ``sequence_bias`` (its list form) making every assistant turn ``<tool_call>`` get_prices: each
     token of the call is biased right after the generation prompt's assistant header and the call's tokens before
@@ -48,9 +54,15 @@ def steer_to_get_prices(tokenizer) -> list:
                                          enable_thinking=False, tokenize=False)
     ids = tokenizer.encode(text, add_special_tokens=False)
     header = ids[len(ids) - 1 - ids[::-1].index(tokenizer.convert_tokens_to_ids("<|im_start|>")):]
-    call = tokenizer.encode('<tool_call>\n{"name": "get_prices", "arguments": {}}\n</tool_call><|im_end|>',
-                            add_special_tokens=False)
+    call = tokenizer.encode(GET_PRICES + "<|im_end|>", add_special_tokens=False)
     return [[header + call[:i + 1], 100.0] for i in range(len(call))]
+
+
+def steering(tokenizer, use_vllm: bool) -> dict:
+    """GRPO settings that make every assistant turn the ``get_prices`` call, for the backend that generates."""
+    if use_vllm:  # vLLM takes no sequence_bias; its structured outputs hold each completion to the call
+        return {"vllm_structured_outputs_regex": GET_PRICES.replace("{", r"\{").replace("}", r"\}")}
+    return {"generation_kwargs": {"sequence_bias": steer_to_get_prices(tokenizer)}}
 
 
 def test_4bit_grpo_step_calls_tools_through_agentenv(model_path, tmp_path):
@@ -66,10 +78,12 @@ def test_4bit_grpo_step_calls_tools_through_agentenv(model_path, tmp_path):
     with AgentEnv.local(bundle, split="train", sandbox="process", max_concurrent_envs=16) as env:
         model, tokenizer = models.load_model(model_path, "24gb")
         assert any(type(module).__name__ == "Linear4bit" for module in model.modules()), "not loaded in 4-bit"
+        use_vllm = presets.fast_inference("24gb")
+        assert (getattr(model, "vllm_engine", None) is not None) == use_vllm, "fast_inference didn't pick the backend"
         config = presets.grpo_config(
             "24gb", output_dir=str(tmp_path / "grpo"), max_steps=1, per_device_train_batch_size=8,
             gradient_accumulation_steps=1, max_completion_length=256, eval_strategy="no", eval_on_start=False,
-            generation_kwargs={"sequence_bias": steer_to_get_prices(tokenizer)})
+            **steering(tokenizer, use_vllm))
         trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=config, train_dataset=env.dataset,
                               environment_factory=env.factory, reward_funcs=env.reward_funcs, callbacks=[env.metrics])
         trainer.train()
@@ -80,3 +94,5 @@ def test_4bit_grpo_step_calls_tools_through_agentenv(model_path, tmp_path):
     assert logs[0]["tools/failure_frequency"] == 0
     assert logs[0][f"scores/{env.name}/unscored"] == 0, "an episode ended unscored"
     assert torch.cuda.max_memory_reserved() <= 24e9
+    if use_vllm:  # vLLM sized to the 24 GB, not to half of the card
+        assert presets.model_kwargs("24gb", model_path)["gpu_memory_utilization"] * torch.cuda.mem_get_info()[1] <= 12e9
