@@ -18,9 +18,24 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import logging
 import sys
 import warnings
 from types import ModuleType
+
+
+# Warnings that importing the stack (transformers, unsloth) logs on every healthy run, by logger: a notebook shows each
+# as a pink block. Set before anything imports them; each logger's errors still show.
+_IMPORT_NOTICES = {
+    "torch.utils._pytree": "torchao's enums registered with the deprecated register_constant()",
+    "torchao": "its optional compiled kernels (_C_cutlass_*.so) that do not load for every torch build; unused here",
+    "bitsandbytes.backends.cpu.ops": "an optional CPU 4-bit kernel (the `kernels` package); no CPU preset runs 4-bit",
+}
+for _name in _IMPORT_NOTICES:
+    logging.getLogger(_name).setLevel(logging.ERROR)
+# TRL warns at every GRPOTrainer built with environment_factory that the API is experimental: the kit is built on it,
+# with trl pinned (1.15.0), and its tests fail when it changes
+warnings.filterwarnings("ignore", message="You are using 'environment_factory'", category=UserWarning)
 
 
 def hide_broken_torchvision() -> str | None:

@@ -163,3 +163,67 @@ def test_eval_curve_falls_back_to_per_env_rewards_and_reference_is_the_seed_tabl
     assert eval_curve([{**TRAIN_12, "step": 1}]).empty
     assert QWEN3_4B_GRIDSIM_REFERENCE["NeMo RL"] == {0: 0.55, 20: 0.68, 40: 0.67}
     assert [table[40] for table in QWEN3_4B_GRIDSIM_REFERENCE.values()] == [0.59, 0.61, 0.61, 0.60, 0.57, 0.67]
+
+
+def doubler_trainer(out, callbacks=(), resume=False):
+    """The Doubler on a 4-step run with evals at the start and the end, resuming as the presets say."""
+    from agentenv_nb.train.presets import sft_kwargs
+
+    resuming = {k: v for k, v in sft_kwargs("cpu-tiny", output_dir=str(out), resume=resume).items()
+                if k in ("resume_from_checkpoint", "eval_on_start")}
+    data = [{"x": torch.tensor([v / 8]), "labels": torch.tensor([v / 4])} for v in range(64)]
+    args = TrainingArguments(**{"eval_on_start": True, **resuming}, output_dir=str(out), max_steps=4,
+                             per_device_train_batch_size=4, learning_rate=0.1, logging_steps=1, eval_strategy="steps",
+                             eval_steps=4, save_strategy="steps", save_steps=2, report_to="none", use_cpu=True,
+                             disable_tqdm=True, seed=0)
+    return Trainer(model=Doubler(), args=args, train_dataset=data, eval_dataset=data[:8],
+                   compute_metrics=reward_metrics, callbacks=list(callbacks))
+
+
+def test_a_resumed_run_says_so_and_never_trains_past_max_steps(tmp_path, capsys):
+    import shutil
+
+    from agentenv_nb.train.fit import fit
+
+    assert fit(doubler_trainer(tmp_path))["trainable_parameters"] == 2
+    shutil.rmtree(tmp_path / "checkpoint-4")  # a disconnect after step 3: the last checkpoint is step 2's
+    trainer = doubler_trainer(tmp_path, resume=True)
+    fit(trainer)
+    assert "resumed from checkpoint 2, step 2 of 4" in capsys.readouterr().out
+    evals = [log["step"] for log in trainer.state.log_history if "eval_loss" in log]
+    assert trainer.state.global_step == 4 and evals == [0, 4]  # no second eval at the resumed step
+
+    live = live_plot("console")
+    trainer = doubler_trainer(tmp_path, callbacks=[live], resume=True)  # Restart and Run All on the finished run
+    fit(trainer)
+    assert "is step 4 of 4: the run is finished" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    assert trainer.state.global_step == 4 and live.history["eval_reward"].notna().sum() == 2
+
+
+def run_cell(source: str) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
+    repo = Path(__file__).resolve().parents[1]
+    NotebookClient(nb, timeout=60, kernel_name="python3", resources={"metadata": {"path": str(repo)}}).execute()
+    return nb
+
+
+@pytest.mark.parametrize("widget", [True, False], ids=["jupyterlab", "colab"])
+def test_at_train_end_the_plot_is_left_as_a_plain_image_every_viewer_shows(widget):
+    nb = run_cell(KERNEL_CELL.replace("live_plot(min_interval=0)", f"live_plot(min_interval=0, widget={widget})")
+                  + "live.on_train_end(None, TrainerState(global_step=2, max_steps=2), None)\n")
+    outputs = nb.cells[0].outputs
+    assert len(outputs) == 1, outputs  # the widget, or the image, updated in place: one output
+    [output] = outputs
+    assert output["output_type"] == "display_data" and list(output["data"]) == ["image/png", "text/plain"]
+    widgets = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    assert bool(widgets) == widget  # Colab's path never makes one
+
+
+def test_the_progress_line_counts_steps_and_time_left():
+    live = NotebookLivePlot(widget=False)
+    live.on_train_begin(None, TrainerState(global_step=10, max_steps=40), None)
+    live.on_step_end(None, TrainerState(global_step=20, max_steps=40), None)
+    assert live.progress.startswith("step 20 of 40 · 0:0") and live.progress.endswith(" left")
+    live.on_train_end(None, TrainerState(global_step=40, max_steps=40), None)
+    assert "left" not in live.progress and live.figure.get_suptitle() == live.progress

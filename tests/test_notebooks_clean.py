@@ -21,3 +21,12 @@ def test_committed_without_outputs_and_with_a_parameters_cell(path):
     assert "parameters" in code[0]["metadata"].get("tags", []), "the first code cell is the parameters cell"
     assert all(len("".join(c["source"]).splitlines()) <= 12 for c in code[1:]), "logic belongs in agentenv_nb"
     assert not any("def " in "".join(c["source"]) for c in code), "no function definitions in the notebooks"
+
+
+def test_the_colab_install_line_is_the_readme_s():
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    [line] = [line for line in readme.splitlines() if line.startswith("!git clone")]
+    for path in NOTEBOOKS:
+        markdown = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"]
+                           if c["cell_type"] == "markdown")
+        assert f"\n{line}\n" in markdown, f"{path.stem}: the Colab install line differs from README's"

@@ -80,7 +80,7 @@ def plot_eval_curve(df: pd.DataFrame, baselines: dict[str, float] | None = None,
     days ``{"idle": 0.2, "greedy": 0.76, "optimum": 1.0}``.
     """
     if ax is None:
-        ax = Figure(figsize=(8, 4.5), layout="constrained").subplots()
+        ax = Figure(figsize=(10, 4.5), layout="constrained").subplots()
     for name, by_step in (reference or {}).items():
         ax.plot(list(by_step), list(by_step.values()), linestyle="--", marker=".", alpha=0.35,
                 label=f"{name} (Qwen3-4B, gridsim-v1)")
@@ -88,11 +88,16 @@ def plot_eval_curve(df: pd.DataFrame, baselines: dict[str, float] | None = None,
         ax.axhline(value, color="grey", linewidth=1, linestyle=":")
         ax.annotate(f"{name} {value:.2f}", (1, value), xycoords=("axes fraction", "data"), ha="right",
                     va="bottom", fontsize=8, color="grey")
-    for col in ["eval_reward", *[c for c in df.columns if c.startswith("eval_scores/")]]:
-        style = {"color": "black", "linewidth": 2.5} if col == "eval_reward" else {"linewidth": 1}
-        ax.plot(df["step"], df[col], marker="o", label=col, **style)
+    # A score identical to the reward (a task with one score) would hide the run's own line under it
+    scores = [c for c in df.columns if c.startswith("eval_scores/") and not df[c].equals(df["eval_reward"])]
+    for col in scores:
+        ax.plot(df["step"], df[col], marker="o", linewidth=1, label=col)
+    ax.plot(df["step"], df["eval_reward"], marker="o", color="black", linewidth=2.5, zorder=3, label="eval_reward")
+    if len(df) and reference:  # the reference runs 40 steps: a shorter run gets the width, they are cut at its end
+        last = max(int(df["step"].max()), 1)
+        ax.set_xlim(-0.05 * last, 1.05 * last)
     ax.set(xlabel="GRPO step", ylabel="eval reward", title=title)
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the axes, off the data
     return ax.figure
 
 

@@ -4,7 +4,8 @@ self-distillation's best rollouts, each a real conversation of tool calls and to
     demos = gridsim_expert(env.factory, env.dataset)           # Rollouts, scored by the task's verifier
     train_set = sft_dataset(d for d in demos if d["reward"] == 1.0)
     # self-distillation, as in agent-lightning's "Fine-tune with Unsloth SFT" recipe (microsoft/agent-lightning, examples/unsloth): play the model, keep the top half by reward, fine-tune, repeat
-    rollouts = self_distill_round(model, tokenizer, env, "cpu-tiny", "runs/distill-0")
+    rollouts, kept = self_distill_round(model, tokenizer, env, "cpu-tiny", "runs/distill-0")
+    transcript(rollouts[0])                                    # a table of the conversation
 """
 
 from __future__ import annotations
@@ -12,10 +13,14 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from agentenv_nb.tasks.gridsim import battery
 from agentenv_nb.train import presets
 from agentenv_nb.train.rollout import Rollout, call_tools, environment_for, play, tool_methods
+
+if TYPE_CHECKING:
+    from pandas.io.formats.style import Styler
 
 DONE = "I submitted the day's schedule."
 
@@ -56,16 +61,32 @@ def _arguments_as_text(message: dict) -> dict:
     return {**message, "tool_calls": calls}
 
 
-def top_fraction(rollouts: Iterable[Rollout], fraction: float, seed: int = 0) -> list[Rollout]:
+def top_fraction(rollouts: Iterable[Rollout], fraction: float, seed: int = 0, above: float = 0.0) -> list[Rollout]:
     """agent-lightning's selection: the scored rollouts shuffled, sorted by reward, the top ``fraction`` kept (at
-    least one), shuffled again."""
+    least one), shuffled again. Only rollouts scoring above ``above`` count: where most of a weak model's samples
+    score 0, the top half would teach it its failures."""
     rng = random.Random(seed)
-    scored = [r for r in rollouts if r["reward"] is not None]
+    scored = [r for r in rollouts if r["reward"] is not None and r["reward"] > above]
     rng.shuffle(scored)
     scored.sort(key=lambda r: r["reward"], reverse=True)
     kept = scored[:max(1, int(len(scored) * fraction))]
     rng.shuffle(kept)
     return kept
+
+
+def transcript(rollout: Rollout, width: int = 160) -> Styler:
+    """A rollout as a table a person reads: one row a message (role, and its text or tool call, cut at ``width``)."""
+    import pandas as pd
+
+    def text(message):
+        calls = [f"{c['function']['name']}({json.dumps(c['function']['arguments'])})"
+                 for c in message.get("tool_calls") or []]
+        whole = " ".join([message.get("content") or "", *calls]).strip()
+        return whole if len(whole) <= width else whole[:width - 1] + "…"
+
+    table = pd.DataFrame([{"role": m["role"], "message": text(m)} for m in rollout["messages"]])
+    return table.style.set_caption(f"{rollout['task_id']}: reward {rollout['reward']}").set_properties(
+        **{"text-align": "left", "white-space": "pre-wrap"})
 
 
 def sft_dataset(rollouts: Iterable[Rollout]):
@@ -82,15 +103,20 @@ def sft_dataset(rollouts: Iterable[Rollout]):
 
 
 def self_distill_round(model, tokenizer, env, preset: str, output_dir: str, *, fraction: float = 0.5,
-                       samples: int = 2, temperature: float = 1.0, max_steps: int | None = None,
-                       **play_kwargs) -> list[Rollout]:
-    """One round of agent-lightning's Unsloth SFT loop: play each train task ``samples`` times, fine-tune ``model`` in place on the
-    top ``fraction`` by reward (TRL's SFTTrainer, ``preset``'s SFT settings, ``max_steps`` if given); returns the
-    round's rollouts."""
+                       samples: int = 2, temperature: float | None = None, max_steps: int | None = None,
+                       callbacks: list | None = None, **play_kwargs) -> tuple[list[Rollout], list[Rollout]]:
+    """One round of agent-lightning's Unsloth SFT loop: play each train task ``samples`` times (at ``preset``'s GRPO
+    temperature unless given), fine-tune ``model`` in place on the top ``fraction`` of those that scored above 0 (TRL's
+    SFTTrainer, ``preset``'s SFT settings, ``max_steps`` if given); returns the round's rollouts and those kept."""
     from trl import SFTTrainer
 
+    from agentenv_nb.train.fit import fit
+
+    if temperature is None:
+        temperature = presets.grpo_kwargs(preset)["temperature"]
     rows = [row for row in env.dataset for _ in range(samples)]
     rollouts = play(model, tokenizer, env.factory, rows, temperature=temperature, **play_kwargs)
-    SFTTrainer(model=model, processing_class=tokenizer, train_dataset=sft_dataset(top_fraction(rollouts, fraction)),
-               args=presets.sft_config(preset, output_dir=output_dir, max_steps=max_steps)).train()
-    return rollouts
+    kept = top_fraction(rollouts, fraction)
+    fit(SFTTrainer(model=model, processing_class=tokenizer, train_dataset=sft_dataset(kept), callbacks=callbacks,
+                   args=presets.sft_config(preset, output_dir=output_dir, max_steps=max_steps)))
+    return rollouts, kept

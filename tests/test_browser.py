@@ -1,0 +1,180 @@
+"""What a person sees: the four notebooks run top to bottom in JupyterLab, in a real Chromium (Debian's package, driven
+by Playwright), on the tiny defaults as nbval runs them. It checks the screen while notebook 03 trains (the live plot is
+a widget that changes) and each notebook as saved and reopened with its kernel gone (the plots are plain images), and
+it replaces nbval's run of the notebooks in CI: every code cell ran, none shows an error, none writes to stderr beyond
+``KEPT_STDERR``. Screenshots of each notebook are left in the test's temporary folder."""
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from agentenv_nb.notebook.params import use_tiny_defaults
+from agentenv_nb.settings import PREFIX
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+TOKEN = "agentenv-nb-browser-test"
+KEPT_STDERR: list[str] = []  # regexes of stderr lines a healthy run may show; none so far
+LIVE_PLOT = ".jp-OutputArea .widget-output img"  # an image inside an ipywidgets Output
+PLOT = ".jp-OutputArea-output.jp-RenderedImage"  # a plain image output
+CELL_TIMEOUT_S = 900
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """JupyterLab over copies of the notebooks (the committed ones stay without outputs), every cell rendered (no
+    windowing) and no news pop-up; its kernels get the tiny defaults and a run folder of their own."""
+    root = tmp_path_factory.mktemp("lab")
+    for path in NOTEBOOKS:
+        shutil.copy(path, root)
+    settings = root / ".settings"
+    for name, value in {"notebook-extension/tracker": {"windowingMode": "none"},
+                        "apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False}}.items():
+        (settings / f"@jupyterlab/{name}.jupyterlab-settings").parent.mkdir(parents=True, exist_ok=True)
+        (settings / f"@jupyterlab/{name}.jupyterlab-settings").write_text(json.dumps(value))
+    with pytest.MonkeyPatch.context() as env:
+        for name in ("RUN_DIR", "BUNDLES_DIR"):  # a run of its own, even beside nbval's in one pytest call
+            env.delenv(PREFIX + name, raising=False)
+        env.delenv("XDG_STATE_HOME", raising=False)
+        use_tiny_defaults(root / "run")
+        env.setenv("JUPYTERLAB_SETTINGS_DIR", str(settings))
+        env.setenv("JUPYTERLAB_WORKSPACES_DIR", str(root / ".workspaces"))
+        port = _free_port()
+        server = subprocess.Popen(
+            [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
+             f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}"],
+            cwd=root, stdout=open(root / "lab.log", "w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                _get(f"{url}/api/status?token={TOKEN}")
+                break
+            except OSError:
+                assert server.poll() is None, (root / "lab.log").read_text()
+                time.sleep(0.5)
+        yield root, url
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+@pytest.fixture(scope="module")
+def page(lab):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield browser.new_page(viewport={"width": 1400, "height": 1000})
+        browser.close()
+
+
+def _prompts(page) -> list[str]:
+    return page.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts()
+
+
+def _open(page, url: str, name: str) -> None:
+    page.goto(f"{url}/lab/tree/{name}?token={TOKEN}&reset")  # a fresh workspace: this notebook alone
+    page.locator(".jp-Notebook .jp-CodeCell").first.wait_for()
+    page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=120_000)
+
+
+def _run_all(page, watch=None) -> list:
+    """Run > Run All Cells, then wait until no cell waits or runs; ``watch(page)`` is called about once a second
+    meanwhile, and its results are returned."""
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile("^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile("^Run All Cells$")).click()
+    seen, deadline = [], time.monotonic() + CELL_TIMEOUT_S * len(_prompts(page))
+    while time.monotonic() < deadline:
+        if watch:
+            seen.append(watch(page))
+        prompts = _prompts(page)
+        if not any("*" in p for p in prompts) and any(re.search(r"\d", p) for p in prompts):
+            return seen
+        time.sleep(1)
+    raise AssertionError(f"the notebook still runs after {CELL_TIMEOUT_S} s a cell")
+
+
+def _save_and_close(page, lab, name: str) -> nbformat.NotebookNode:
+    """Save the notebook, shut its kernel down (no widget model lives on), and read back what was saved."""
+    root, url = lab
+    page.keyboard.press("Control+s")
+    page.locator(".jp-mod-dirty").wait_for(state="detached")
+    for session in _get(f"{url}/api/sessions?token={TOKEN}"):
+        request = urllib.request.Request(f"{url}/api/sessions/{session['id']}?token={TOKEN}", method="DELETE")
+        urllib.request.urlopen(request, timeout=30)
+    return nbformat.read(root / name, as_version=4)
+
+
+def _scroll_through(page) -> tuple[int, int, str]:
+    """Scroll the notebook top to bottom, as JupyterLab renders only the cells near the view: the plain images and
+    the widgets seen, and the text shown."""
+    images, widgets, text = 0, 0, ""
+    for _ in range(200):
+        images = max(images, page.locator(f"{PLOT} img").count())
+        widgets = max(widgets, page.locator(".jp-OutputArea .jupyter-widgets").count())
+        text += page.locator(".jp-Notebook").inner_text()
+        at_end = page.evaluate("""() => { const s = document.querySelector('.jp-WindowedPanel-outer');
+            const end = s.scrollTop + s.clientHeight >= s.scrollHeight - 2; s.scrollTop += s.clientHeight / 2;
+            return end; }""")
+        if at_end:
+            break
+        page.wait_for_timeout(200)
+    return images, widgets, text
+
+
+def _live_image(page) -> str | None:
+    images = page.locator(LIVE_PLOT)
+    return images.first.get_attribute("src") if images.count() else None
+
+
+def test_the_four_notebooks_as_a_person_sees_them(lab, page):
+    root, url = lab
+    for path in NOTEBOOKS:
+        _open(page, url, path.name)
+        watched = _run_all(page, _live_image if path.stem.startswith("03") else None)
+        page.screenshot(path=root / f"{path.stem}-run.png", full_page=True)
+        saved = _save_and_close(page, lab, path.name)
+
+        code = [cell for cell in saved.cells if cell.cell_type == "code"]
+        assert all(cell.execution_count for cell in code), f"{path.stem}: a cell did not run"
+        errors = [o for cell in code for o in cell.outputs if o.output_type == "error"]
+        assert not errors, f"{path.stem}: {errors[0].ename}: {errors[0].evalue}"
+        stderr = [line for cell in code for o in cell.outputs if o.get("name") == "stderr"
+                  for line in o.text.splitlines() if line.strip()]
+        noise = [line for line in stderr if not any(re.search(kept, line) for kept in KEPT_STDERR)]
+        assert not noise, f"{path.stem} writes to stderr:\n" + "\n".join(noise[:20])
+
+        if path.stem.startswith("03"):
+            frames = {src for src in watched if src}
+            assert len(frames) >= 2, "the live plot did not render as a widget that changes while training"
+            [train_cell] = [cell for cell in code if "live_plot()" in cell.source]
+            images = [o for o in train_cell.outputs if "image/png" in o.get("data", {})]
+            widgets = [o for o in train_cell.outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+            assert images and not widgets, "the saved notebook keeps a widget, not the final plot as an image"
+        _open(page, url, path.name)  # reopened: its kernel is gone, so only what was saved shows
+        page.screenshot(path=root / f"{path.stem}-reopened.png", full_page=True)
+        images, widgets, text = _scroll_through(page)
+        assert "Error displaying widget" not in text and not widgets, f"{path.stem} saved a widget"
+        assert images, f"{path.stem}: no plot shows once reopened"  # 01's day, 02's loss, 03's live plot, 04's curve
