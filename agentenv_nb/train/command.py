@@ -1,0 +1,190 @@
+"""``python -m agentenv_nb.train``: notebook 03's GRPO run as a command, which ``torchrun`` or ``accelerate launch``
+starts on N GPUs as data parallel (docs/scale-out.md).
+
+    python -m agentenv_nb.train --run-dir runs/gridsim                        # one GPU, as notebook 03
+    torchrun --nproc_per_node 2 -m agentenv_nb.train --run-dir runs/gridsim   # two GPUs, one model copy each
+    accelerate launch --num_processes 2 -m agentenv_nb.train --env-url http://env-host:8000 --max-concurrent-envs 128
+
+The same parameters and building blocks as the notebook: ``models.load_model``, ``presets.grpo_config``,
+``AgentEnv``, ``train.grpo.GRPOTrainer`` with ``env.metrics`` and the console live view, ``fit`` (which resumes from
+the run's last checkpoint). Each rank trains on its own rows of every generation batch; rank 0 serves the envs for all ranks
+(``ranks``), prints the live view, and writes the metrics and checkpoints (transformers' Trainer saves on the main
+process only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+from agentenv_nb.train.presets import PRESETS
+
+PROG = "python -m agentenv_nb.train"
+SANDBOXES = ("auto", "process", "modal", "local")
+
+
+class UsageError(Exception):
+    """What the user asked for can't run; the message says what to change."""
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command's options: notebook 03's parameters, with its defaults, and where the envs are served."""
+    p = _OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""),
+                       epilog="Launch on N GPUs with `torchrun --nproc_per_node N -m agentenv_nb.train ...` or "
+                              "`accelerate launch --num_processes N -m agentenv_nb.train ...`; docs/scale-out.md.")
+    p.add_argument("--bundle", default="gridsim-v1", help="a name from bundles.txt, or a bundle folder (%(default)s)")
+    p.add_argument("--bundles-dir", default="bundles", help="where bundles are downloaded or generated (%(default)s)")
+    p.add_argument("--run-dir", default="runs/gridsim", help="where the warm start is, and checkpoints and logs go "
+                   "(RUN_DIR/grpo) (%(default)s)")
+    p.add_argument("--warm-start", default="", help="the SFT model, a folder or a Hub id; default RUN_DIR/sft/merged, "
+                   "which notebook 02 writes")
+    p.add_argument("--preset", default="24gb", choices=PRESETS, help="%(choices)s (%(default)s)")
+    p.add_argument("--sandbox", default="auto", choices=SANDBOXES, help="where envs run; auto: chosen for the bundle")
+    p.add_argument("--max-steps", type=_positive, default=40, help="%(default)s")
+    p.add_argument("--save-steps", type=_counting, default=5, help="a checkpoint every few steps, to resume from "
+                   "(0: none) (%(default)s)")
+    p.add_argument("--max-concurrent-envs", type=_positive, help="sessions the env servers hold in all; default: "
+                   "sized for every rank, N x (a rank's rollouts of a step + its eval batch), 128 on two GPUs")
+    p.add_argument("--server-processes", type=_counting, default=8, help="env servers rank 0 starts beside the "
+                   "trainer, off its GIL; 0: a thread (%(default)s)")
+    p.add_argument("--env-url", action="append", metavar="URL", help="play envs served elsewhere (python -m "
+                   "agentenv_nb.serve on an env host) instead of serving here; repeat for several servers")
+    p.add_argument("--set", action="append", default=[], type=_setting, metavar="KEY=VALUE", dest="overrides",
+                   help="a GRPOConfig setting over the preset's, VALUE as JSON (else a string); e.g. "
+                        "steps_per_generation=1 where the card has the room; repeatable")
+    return p
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
+
+
+def _counting(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 0")
+    return int(text)
+
+
+def _setting(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def warm_start(args) -> str:
+    """The model to train: a folder, or something that reads as a Hub id; else UsageError saying what to pass."""
+    name = args.warm_start or f"{args.run_dir}/sft/merged"
+    if Path(name).is_dir() or (args.warm_start and re.fullmatch(r"[\w.-]+/[\w.-]+", name) and not name.startswith(".")):
+        return name
+    if not args.warm_start:
+        raise UsageError(f"no warm start at {name}: run notebook 02 with RUN_DIR={args.run_dir} first, or pass "
+                         "--warm-start (a model folder or a Hub id)")
+    raise UsageError(f"--warm-start {name}: no such folder, and not a Hub id (owner/name)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        model_name = warm_start(args)
+        serving = None if args.env_url or os.environ.get("RANK", "0") != "0" else where_to_serve(args)
+        train(args, model_name, serving)
+    except UsageError as error:
+        rank = os.environ.get("RANK")
+        print(f"{PROG}: error{f' (rank {rank})' if rank not in (None, '0') else ''}: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def where_to_serve(args) -> tuple:
+    """The bundle's folder (fetched if need be) and its sandbox, on the process that will serve it, before anything
+    slow starts: an unknown bundle or an impossible sandbox is said at once."""
+    from agentenv_nb.envs.choice import SandboxError, choose_sandbox
+    from agentenv_nb.tasks import bundles
+
+    try:
+        bundle = bundles.get_bundle(args.bundle, args.bundles_dir)
+        return bundle, choose_sandbox(bundle, force=None if args.sandbox == "auto" else args.sandbox).name
+    except (bundles.UnknownBundle, SandboxError) as error:
+        raise UsageError(str(error)) from None
+
+
+def train(args, model_name: str, serving: tuple | None) -> None:
+    """Notebook 03's cells on this rank: configure, serve (rank 0) or connect, load, train, save the state."""
+    from agentenv_nb.stack import import_unsloth
+
+    import_unsloth()  # first, so Unsloth patches transformers and TRL before anything uses them
+    from accelerate import PartialState
+
+    from agentenv_nb.train import presets
+
+    # The config first: making it joins torchrun's or accelerate's process group (on a CPU too, with gloo)
+    config = presets.grpo_config(args.preset, output_dir=f"{args.run_dir}/grpo", max_steps=args.max_steps,
+                                 save_steps=args.save_steps, resume=True, **dict(args.overrides))
+    state = PartialState()
+    with contextlib.ExitStack() as quiet:
+        if not state.is_main_process:  # rank 0 speaks for the run; the others' warnings and errors still reach stderr
+            quiet.enter_context(contextlib.redirect_stdout(quiet.enter_context(open(os.devnull, "w"))))
+        _train(args, model_name, serving, config, state)
+
+
+def _train(args, model_name: str, serving: tuple | None, config, state) -> None:
+    from agentenv_nb.train import models, presets
+    from agentenv_nb.train.grpo import GRPOTrainer
+    from agentenv_nb.train.fit import fit
+    from agentenv_nb.train.progress import ConsoleLivePlot
+    from agentenv_nb.train.ranks import capacity_problem, close_for_ranks, envs_for_ranks, sized_for_ranks
+
+    limit = args.max_concurrent_envs or (None if args.env_url else sized_for_ranks(config))
+    if limit is None:
+        print(f"the env servers' session limit wasn't given, so it isn't checked: {state.num_processes} rank(s) open "
+              f"up to {presets.concurrent_sessions(config)} sessions at once (--max-concurrent-envs to check)")
+    elif problem := capacity_problem(config, limit):
+        raise UsageError(problem)
+    else:
+        print(f"{state.num_processes} process(es) open up to {presets.concurrent_sessions(config)} env sessions at "
+              f"once; the env servers hold {limit}")
+    try:
+        env = envs_for_ranks(state, lambda: _serve(args, serving, limit), urls=args.env_url)
+    except ConnectionError as error:  # an --env-url where no env server answers
+        raise UsageError(str(error)) from None
+    try:
+        model, tokenizer = models.load_model(model_name, args.preset)
+        env.check(tokenizer)
+        live = [ConsoleLivePlot()] if state.is_main_process else []  # the others' logs are the same numbers
+        trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=config,
+                              train_dataset=env.dataset, eval_dataset=env.dataset_for("eval"),
+                              environment_factory=env.factory, reward_funcs=env.reward_funcs,
+                              callbacks=[env.metrics, *live])
+        fit(trainer)  # resumes from the last checkpoint, and never past --max-steps
+        trainer.save_state()  # trainer_state.json, with every log: on the main process only
+    except BaseException:
+        env.close()
+        raise
+    close_for_ranks(state, env)
+    print(f"{state.num_processes} process(es) trained to step {trainer.state.global_step}; checkpoints and logs in "
+          f"{config.output_dir}")
+
+
+def _serve(args, serving: tuple, limit: int):
+    """Rank 0's servers for every rank: the bundle served from ``--server-processes`` processes, as notebook 03."""
+    from agentenv_nb import AgentEnv
+
+    bundle, sandbox = serving
+    return AgentEnv.local(bundle, split="train", sandbox=sandbox, max_concurrent_envs=limit,
+                          processes=args.server_processes)

@@ -1,0 +1,81 @@
+"""``python -m agentenv_nb.train``, notebook 03's run as a command: ``--help``, usage errors in one line, the env
+capacity every rank needs, and the tiny config end to end: two processes on the CPU (gloo, as ``torchrun`` starts
+them on GPUs) training a step once, then one process resuming their run as the notebook resumes.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+TRAIN = [sys.executable, "-m", "agentenv_nb.train"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+            "agentenv_nb.train"]
+
+
+def run(command: list, tmp_path, timeout: float = 600) -> subprocess.CompletedProcess:
+    """The command as a user starts it, with the env framework's store of episodes kept in ``tmp_path``."""
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "TRL_EXPERIMENTAL_SILENCE": "1"}
+    return subprocess.run([str(part) for part in command], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def test_help_and_usage_errors_in_one_line(tmp_path):
+    shown = run([*TRAIN, "--help"], tmp_path)
+    assert shown.returncode == 0 and "torchrun --nproc_per_node N -m agentenv_nb.train" in shown.stdout
+    for option in ("--bundle", "--run-dir", "--warm-start", "--preset", "--sandbox", "--max-steps", "--save-steps",
+                   "--max-concurrent-envs", "--server-processes", "--env-url"):
+        assert option in shown.stdout
+    for args, says in [(["--max-steps", "0"], "--max-steps: '0' is not a whole number of at least 1"),
+                       (["--preset", "8gb"], "argument --preset: invalid choice: '8gb'"),
+                       (["--run-dir", tmp_path], f"no warm start at {tmp_path}/sft/merged: run notebook 02"),
+                       (["--warm-start", tmp_path, "--bundle", "no-such-bundle"], "no bundle 'no-such-bundle'")]:
+        failed = run([*TRAIN, *args], tmp_path)
+        assert failed.returncode == 2 and failed.stdout == "", failed.stdout
+        assert failed.stderr.count("\n") == 1 and says in failed.stderr and "Traceback" not in failed.stderr
+
+
+def test_the_servers_must_hold_every_ranks_sessions(tmp_path):
+    from agentenv_nb.train import presets
+    from agentenv_nb.train.ranks import capacity_problem, sized_for_ranks
+
+    config = presets.grpo_config("cpu-tiny", output_dir=str(tmp_path))
+    assert sized_for_ranks(config) == 4 * 2 + 4  # a step's 2 x 4 rollouts and an eval batch of 4, one rank
+    assert capacity_problem(config, 8) is None  # TRL reuses a rank's environments: the larger batch is enough
+    assert "pass --max-concurrent-envs 12" in capacity_problem(config, 7)
+
+
+@pytest.mark.slow
+def test_two_processes_train_once_then_one_resumes(tmp_path):
+    from agentenv_nb.tasks import gridsim
+    from agentenv_nb.train.tiny import build_tiny_model
+
+    bundle = gridsim.write_bundle(tmp_path / "gridsim-tiny", train=4, eval=2)
+    tiny = build_tiny_model(tmp_path / "tiny", corpus_texts=[gridsim.generate.SYSTEM_PROMPT])
+    run_dir, grpo = tmp_path / "run", tmp_path / "run" / "grpo"
+    tiny_run = ["--bundle", bundle, "--run-dir", run_dir, "--warm-start", tiny, "--preset", "cpu-tiny",
+                "--sandbox", "process", "--server-processes", "0", "--save-steps", "1",
+                "--set", "max_completion_length=64"]  # the random model's text only costs time
+
+    two = run([*TORCHRUN, *tiny_run, "--max-steps", "1"], tmp_path)
+    assert two.returncode == 0, two.stderr[-3000:]
+    live = [line for line in two.stdout.splitlines() if line.startswith("step ")]
+    assert [line.split(" | ")[1].split()[0] for line in live if " | " in line] == ["eval", "loss", "eval", "run"]
+    assert two.stdout.count("trained to step 1") == 2  # rank 0 alone speaks: fit's line and the command's
+    assert f"2 process(es) trained to step 1; checkpoints and logs in {grpo}" in two.stdout
+    saved = sorted(path.name for path in (grpo / "checkpoint-1").iterdir())
+    assert saved.count("adapter_model.safetensors") == 1 and {"rng_state_0.pth", "rng_state_1.pth"} <= set(saved)
+    logs = json.loads((grpo / "trainer_state.json").read_text())["log_history"]
+    assert [log["step"] for log in logs if "loss" in log] == [1]  # the ranks' rewards gathered into one log
+    assert [log["step"] for log in logs if "eval_reward" in log] == [0, 1]
+    assert {"rewards/gridsim-tiny/mean", "tools/call_frequency", "scores/gridsim-tiny/unscored"} <= set(logs[1])
+
+    one = run([*TRAIN, *tiny_run, "--max-steps", "2"], tmp_path)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "resumed from checkpoint 1, step 1 of 2" in one.stdout
+    logs = json.loads((grpo / "trainer_state.json").read_text())["log_history"]
+    assert [log["step"] for log in logs if "loss" in log] == [1, 2]  # step 1 kept from the checkpoint, not redone
+    evals = [log["step"] for log in logs if "eval_reward" in log]
+    assert evals[:2] == [0, 1] and evals[-1] == 2
+    assert sorted(path.name for path in grpo.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
