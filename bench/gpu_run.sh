@@ -75,11 +75,7 @@ while (( $# )); do
 done
 
 cd "$(dirname "$0")/.."
-MACHINE_ENV=${GPU_MACHINE_ENV:-bench/gpu_machine.env}
-[[ $MACHINE_ENV == /* ]] || MACHINE_ENV=./$MACHINE_ENV  # `source` would look a bare name up on PATH
-[[ -f $MACHINE_ENV ]] || { echo "gpu_run.sh: no machine description at $MACHINE_ENV" >&2; exit 2; }
-# shellcheck source=gpu_machine.env
-source "$MACHINE_ENV"
+source bench/load_machine.sh  # the GPU machine's description: MACHINE_ENV
 ARCHIVE=${GPU_SITE_ARCHIVE:-.gpu/site.tar.xz}
 MODEL_DIR=${MODEL_DIR:-/tmp/q4b}
 export OUT=${OUT:-$PWD/bench-out}

@@ -9,10 +9,7 @@ set -euo pipefail
 [[ ${1:-} && $1 != -* ]] \
   || { echo "Usage: bash bench/gpu_ship.sh PART_DIR  (a folder bench/gpu_vllm_site.sh made)"; exit 2; }
 cd "$(dirname "$0")/.."
-MACHINE_ENV=${GPU_MACHINE_ENV:-bench/gpu_machine.env}
-[[ $MACHINE_ENV == /* ]] || MACHINE_ENV=./$MACHINE_ENV
-# shellcheck source=gpu_machine.env
-source "$MACHINE_ENV"
+source bench/load_machine.sh  # the GPU machine's description: MACHINE_ENV
 part=$1 S=$GPU_SHIP_DIR
 [[ -f $part/manifest ]] \
   || { echo "gpu_ship.sh: $part has no manifest: carry a folder bench/gpu_vllm_site.sh made"; exit 2; }

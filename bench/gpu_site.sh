@@ -66,11 +66,7 @@ while (( $# )); do
 done
 
 cd "$(dirname "$0")/.."
-MACHINE_ENV=${GPU_MACHINE_ENV:-bench/gpu_machine.env}
-[[ $MACHINE_ENV == /* ]] || MACHINE_ENV=./$MACHINE_ENV  # `source` would look a bare name up on PATH
-[[ -f $MACHINE_ENV ]] || { echo "gpu_site.sh: no machine description at $MACHINE_ENV" >&2; exit 2; }
-# shellcheck source=gpu_machine.env
-source "$MACHINE_ENV"
+source bench/load_machine.sh  # the GPU machine's description: MACHINE_ENV
 export GPU_KEEP GPU_PINS GPU_PACKAGES_FILE
 if [[ -z ${BENCH_PYTHON:-} ]]; then
   if [[ -x .venv/bin/python ]]; then BENCH_PYTHON=.venv/bin/python; else BENCH_PYTHON=python3; fi

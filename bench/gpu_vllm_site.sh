@@ -41,10 +41,7 @@ while (( $# )); do
 done
 
 cd "$(dirname "$0")/.."
-MACHINE_ENV=${GPU_MACHINE_ENV:-bench/gpu_machine.env}
-[[ $MACHINE_ENV == /* ]] || MACHINE_ENV=./$MACHINE_ENV
-# shellcheck source=gpu_machine.env
-source "$MACHINE_ENV"
+source bench/load_machine.sh  # the GPU machine's description: MACHINE_ENV
 G=${GPU_SITE_WORK:-.gpu}; G=${G%/}
 PY=${BENCH_PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3)}
 [[ -s $G/site.tar.xz && -d $G/site ]] \

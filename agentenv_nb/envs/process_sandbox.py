@@ -202,9 +202,7 @@ def running() -> int:
 def release(server: int) -> None:
     """Forget that the server whose event loop runs on the thread ``server`` uses its images and pools, kill its env
     processes still running, and close the images and pools no other server uses."""
-    for sandbox in [sandbox for sandbox in _live.values() if sandbox.server == server]:
-        _live.pop(sandbox.sandbox_id, None)
-        sandbox.process.kill()
+    _kill([sandbox for sandbox in _live.values() if sandbox.server == server])
     with _users_lock:
         for users in _users.values():
             users.discard(server)
@@ -221,13 +219,18 @@ def release(server: int) -> None:
 
 def close_all() -> None:
     """Kill every env process still running, close the pools and remove the unpacked images."""
-    for sandbox in list(_live.values()):
-        _live.pop(sandbox.sandbox_id, None)
-        sandbox.process.kill()
+    _kill(list(_live.values()))
     close_pools()
     remove_images()
     _images.clear()
     _users.clear()
+
+
+
+def _kill(sandboxes: list[ProcessSandbox]) -> None:
+    for sandbox in sandboxes:
+        _live.pop(sandbox.sandbox_id, None)
+        sandbox.process.kill()
 
 
 close_at_exit(close_all)
