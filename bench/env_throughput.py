@@ -74,8 +74,7 @@ def write_bundle(root: Path) -> Path:
     return root
 
 
-def serve_path(name: str, bundle: Path, work: Path, capacity: int, pool: str | None, lazy_tls: bool,
-               processes: int = 1):
+def serve_path(name: str, bundle: Path, work: Path, capacity: int, pool: str | None, processes: int = 1):
     """A path's servers (``agentenv_nb.envs.serving.serve_in_processes``), sharing a working folder and a framework store
     (XDG_STATE_HOME) of the path's own."""
     from agentenv_nb.envs.serving import serve_in_processes
@@ -84,9 +83,6 @@ def serve_path(name: str, bundle: Path, work: Path, capacity: int, pool: str | N
     env = {**os.environ, "AGENTENV_NB_WORK_DIR": str(work / f"{name}-envs"), "XDG_STATE_HOME": str(work / name)}
     if pool is not None:
         env["AGENTENV_NB_ENV_POOL"] = pool
-    if lazy_tls:  # httpx then loads CA certificates on demand, not a whole bundle for each client it makes
-        env.pop("SSL_CERT_FILE", None)
-        env["SSL_CERT_DIR"] = "/etc/ssl/certs"
     return serve_in_processes(bundle, processes, sandbox="process", max_concurrent_envs=capacity, env=env,
                               start_timeout=300)
 
@@ -169,8 +165,6 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--episodes", type=int, default=64, help="episodes per path and concurrency (at least one a "
                                                                  "session)")
-    parser.add_argument("--lazy-tls", action="store_true",
-                        help="serve every path with SSL_CERT_DIR=/etc/ssl/certs and no SSL_CERT_FILE")
     parser.add_argument("--server-processes", type=int, default=1,
                         help="serve the kit and plain paths (and a floorxN path) from this many processes each")
     parser.add_argument("--write-docs", action="store_true", help=f"write the table under {HEADING!r} in {DOCS}")
@@ -185,7 +179,7 @@ def main() -> None:
     servers, rows = {}, {}
     try:
         for name, (pool, n) in paths.items():
-            servers[name] = serve_path(name, bundle, work, capacity, pool, args.lazy_tls, n)
+            servers[name] = serve_path(name, bundle, work, capacity, pool, n)
         for name, server in servers.items():  # each path's first episode: the server's and the pool's start-up
             asyncio.run(measure(server.urls, index_of(name), not name.startswith("floor"), 1, 1))
         for sessions in args.sessions:
@@ -200,10 +194,8 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     pool = os.environ.get("AGENTENV_NB_ENV_POOL", "8")
-    tls = ("TLS contexts lazy (SSL_CERT_DIR only)" if args.lazy_tls or not os.environ.get("SSL_CERT_FILE")
-           else "SSL_CERT_FILE set")
     block = (f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, load average {load} after "
-             f"the run, kit pool {pool}, kit and plain from {args.server_processes} server process(es), {tls}, a "
+             f"the run, kit pool {pool}, kit and plain from {args.server_processes} server process(es), a "
              f"fresh framework store per path. One run; medians and ratios are its own.\n\n{table(rows)}")
     print(f"### `{command}`\n\n{block}")
     if args.write_docs:

@@ -14,8 +14,8 @@ processes; ``models.load_model``; ``presets.grpo_config``; Unsloth's GRPOTrainer
 ``ToyGridSim``, the floor the kit adds to; ``trl``, stock TRL with bitsandbytes 4-bit (bf16 for "16bit") and a PEFT LoRA
 on ToyGridSim, what a user would pick instead, in a subprocess as Unsloth patches TRL in its process. A step splits into
 generation (``generate`` calls), env (inside reset, tools, get_reward; overlaps counted once) and update (the rest),
-with peak GPU memory. A random model calls no tools, so the kit also times one step's episodes played with the expert's
-3 tool calls each, in TRL's order (``env_tools_s``). An OOM is reported with the step reached; a variant stops after the
+with peak GPU memory. A random model calls no tools, so the kit also times a step's episodes played with the expert's
+3 tool calls each (bench/expert_step.py), in TRL's order and at once (``env_tools_s``, ``env_tools_concurrent_s``). An OOM is reported with the step reached; a variant stops after the
 step past ``--budget-s``. ``--set KEY=VALUE`` changes a GRPO setting for every variant (the 32-at-once rows of
 docs/benchmarks.md: ``steps_per_generation=1``); ``--memory-history N`` dumps the CUDA allocator's history of each
 variant for ``bench/memory_peak.py``.
@@ -34,7 +34,6 @@ import tempfile
 import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -46,6 +45,7 @@ if "--child" not in sys.argv or not CUDA:  # Unsloth before transformers and TRL
     import_unsloth()  # subprocess stays stock TRL on a GPU (on a CPU, TRL 1.15 can't step without unsloth_zoo's patch)
 from transformers import TrainerCallback  # noqa: E402
 
+import expert_step  # noqa: E402  (bench/, beside this script)
 from agentenv_nb.tasks.gridsim import battery, write_bundle  # noqa: E402
 
 VARIANTS = ("kit", "bare", "trl")
@@ -238,38 +238,9 @@ def load(model: str, preset: str, overrides: str):
     return FastLanguageModel.get_peft_model(loaded, **presets.peft_kwargs(preset)), tokenizer, shown
 
 
-def expert_step(factory: type, rows: list[dict], count: int, batch: int, concurrent: bool = False) -> dict:
-    """One step's env work with tools, ``count`` rollouts, generation batch by generation batch of ``batch``: the
-    resets, get_prices on each, submit_schedule (the optimum) and end_turn on each, every get_reward. In TRL's order
-    (one call at a time), or ``concurrent``ly as ``agentenv_nb.train.grpo.GRPOTrainer`` runs a round's tool calls (a
-    thread a rollout, in order within it). Its wall time and mean reward."""
-    start, rewards = time.perf_counter(), []
-    for first in range(0, count, batch):
-        playing = [factory() for _ in range(min(batch, count - first))]
-        with ThreadPoolExecutor(len(playing) if concurrent else 1) as pool:
-            def each(call):  # one tool round: a call on every rollout's env
-                return list(pool.map(call, playing)) if concurrent else [call(env) for env in playing]
-
-            def settle(env):
-                env.submit_schedule(schedule=battery.optimal_schedule(days[id(env)]))
-                env.end_turn(response="done")
-            try:
-                for i, environment in enumerate(playing):
-                    environment.reset(**rows[(first + i) % len(rows)])
-                days = dict(zip(map(id, playing), each(lambda env: json.loads(env.get_prices()))))
-                each(settle)
-                rewards += [environment.get_reward() or 0.0 for environment in playing]
-            finally:
-                for environment in playing:
-                    environment.__exit__()
-    key = "env_tools_concurrent" if concurrent else "env_tools"
-    return {f"{key}_s": time.perf_counter() - start, f"{key}_reward": sum(rewards) / count}
-
-
 def run_kit(args, timer: StepTimer, result: dict) -> None:
-    from trl import GRPOTrainer
-
     from agentenv_nb import AgentEnv
+    from agentenv_nb.train.grpo import GRPOTrainer
     from agentenv_nb.train import presets
     from agentenv_nb.notebook.live import live_plot
     with AgentEnv.local(args.bundle, split="train", sandbox="process", max_concurrent_envs=64,
@@ -281,7 +252,7 @@ def run_kit(args, timer: StepTimer, result: dict) -> None:
                           environment_factory=timed_class(env.factory, timer.env), reward_funcs=env.reward_funcs,
                           callbacks=[env.metrics, live_plot("console"), timer]), timer)
         for concurrent in (False, True):  # TRL's loop, then agentenv_nb.train.grpo's concurrent tool calls
-            result.update(expert_step(env.factory, env.dataset.to_list(),
+            result.update(expert_step.expert_step(env.factory, env.dataset.to_list(),
                                       config.per_device_train_batch_size * config.gradient_accumulation_steps,
                                       config.generation_batch_size, concurrent))
 

@@ -17,7 +17,7 @@ import uvicorn
 import websockets
 
 from agentenv_nb.envs import pool as env_pool
-from agentenv_nb.envs import process_sandbox
+from agentenv_nb.envs import process_sandbox, tls
 
 ECHO_ENV = Path(agent_env.__file__).parent / "examples" / "echo-mcp" / "envs" / "echo"
 CAPACITY = 10
@@ -116,9 +116,7 @@ def server(tmp_path_factory):
     patch = pytest.MonkeyPatch()
     patch.setenv("AGENTENV_NB_WORK_DIR", str(root / "work"))
     patch.setenv("AGENTENV_NB_ENV_POOL", "2")
-    patch.delenv("SSL_CERT_FILE", raising=False)  # httpx then builds each client's TLS context lazily (SSL_CERT_DIR)
-    if Path("/etc/ssl/certs").is_dir():
-        patch.setenv("SSL_CERT_DIR", "/etc/ssl/certs")
+    tls.share_default_context()  # as the kit's servers do: agent_env makes an httpx client a request
     patch.setenv("XDG_STATE_HOME", str(root / "state"))  # a framework store of its own, not the machine's
     app = build_app({"echo": write_bundle(root / "echo"),
                      "badfile": write_bundle(root / "badfile", dockerfile_line="RUN apt-get update"),

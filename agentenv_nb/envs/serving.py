@@ -36,6 +36,7 @@ import httpx
 import uvicorn
 
 from agentenv_nb import settings
+from agentenv_nb.envs import tls
 from agentenv_nb.lifecycle import close_at_exit
 from agentenv_nb.tasks.bundles import UnknownBundle, get_bundle
 
@@ -63,6 +64,7 @@ def build(bundle: str | Path, *, sandbox: str | None = None, max_concurrent_envs
     from agent_env.a2a_agent import conversation_store
     from agent_env.openenv import build_app
 
+    tls.share_default_context()  # agent_env makes an httpx client a request: each would parse the CA bundle again
     # The store looks conversations up by fields only these indexes serve; without them every lookup parses every
     # conversation it holds, and a long run's episodes slow down as it grows (docs/benchmarks.md).
     conversation_store.ensure_indexes()
@@ -72,7 +74,6 @@ def build(bundle: str | Path, *, sandbox: str | None = None, max_concurrent_envs
     # cancelled 0 tasks, and the proxy logs the poll's ClientDisconnect as an error with a traceback. Nothing failed.
     logging.getLogger("uvicorn.error").addFilter(_not_an_idle_shutdown)
     logging.getLogger("agentenv_protocol.a2a_agent.framework").addFilter(_not_a_client_disconnect)
-
     return build_app(folder, reward=reward, sandbox=choice.name, max_concurrent_envs=max_concurrent_envs)
 
 

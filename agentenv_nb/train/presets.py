@@ -32,7 +32,7 @@ from agentenv_nb.train import vllm_sizing
 
 PRESETS = ("24gb", "16bit", "cpu-tiny")
 GPU_NEED_GB = {  # free GPU memory a preset's GRPO run needs: (with Unsloth's vLLM, with transformers' generate)
-    "24gb": (22.0, 13.0),  # the recipe's L4 run; without vLLM, the peak measured in docs/benchmarks.md
+    "24gb": (19.0, 13.0),  # the recipe's L4 run: the whole process's peak measured in docs/benchmarks.md
     "16bit": (40.0, 25.0),  # the recipe's L40S run, vLLM taking half; likewise
     "cpu-tiny": (0.0, 0.0),
 }

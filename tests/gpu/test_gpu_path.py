@@ -14,8 +14,10 @@ of vLLM's structured outputs steers; else transformers' ``generate`` and its ``s
 runs the file both ways on the device (``test`` without vLLM on the path, ``vllm-test`` with it).
 """
 
+import functools
 import os
 import shutil
+import threading
 
 import pytest
 
@@ -67,10 +69,10 @@ def steering(tokenizer, use_vllm: bool) -> dict:
 
 def test_4bit_grpo_step_calls_tools_through_agentenv(model_path, tmp_path):
     import torch
-    from trl import GRPOTrainer
 
     from agentenv_nb import AgentEnv
     from agentenv_nb.train import models, presets
+    from agentenv_nb.train.grpo import GRPOTrainer
     from agentenv_nb.tasks.gridsim import write_bundle
 
     torch.cuda.set_per_process_memory_fraction(min(1.0, 24e9 / torch.cuda.mem_get_info()[1]))  # an L4's 24 GB
@@ -84,14 +86,25 @@ def test_4bit_grpo_step_calls_tools_through_agentenv(model_path, tmp_path):
             "24gb", output_dir=str(tmp_path / "grpo"), max_steps=1, per_device_train_batch_size=8,
             gradient_accumulation_steps=1, max_completion_length=256, eval_strategy="no", eval_on_start=False,
             **steering(tokenizer, use_vllm))
+        callers = []
+
+        class Recorded(env.factory):  # the threads the tools run on: the kit's rounds, in Unsloth's compiled trainer
+            @functools.wraps(env.factory.get_prices)
+            def get_prices(self, **arguments):
+                callers.append(threading.current_thread().name)
+                return super().get_prices(**arguments)
+
         trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=config, train_dataset=env.dataset,
-                              environment_factory=env.factory, reward_funcs=env.reward_funcs, callbacks=[env.metrics])
+                              environment_factory=Recorded, reward_funcs=env.reward_funcs, callbacks=[env.metrics])
         trainer.train()
 
     logs = [log for log in trainer.state.log_history if "tools/call_frequency" in log]
     assert trainer.state.global_step == 1 and len(logs) == 1
     assert logs[0]["tools/call_frequency"] > 0, "no tool call ran through the env"
     assert logs[0]["tools/failure_frequency"] == 0
+    assert callers and all(name.startswith("agentenv_nb-tools") for name in callers), (
+        f"tool calls ran outside agentenv_nb.train.grpo's rounds (threads {sorted(set(callers))}): Unsloth's "
+        "trainer no longer calls _tool_call_loop with the batch's _sync_tool_dicts")
     assert logs[0][f"scores/{env.name}/unscored"] == 0, "an episode ended unscored"
     assert torch.cuda.max_memory_reserved() <= 24e9
     if use_vllm:  # vLLM sized to the 24 GB, not to half of the card
