@@ -15,8 +15,8 @@ processes; ``models.load_model``; ``presets.grpo_config``; Unsloth's GRPOTrainer
 on ToyGridSim, what a user would pick instead, in a subprocess as Unsloth patches TRL in its process. A step splits into
 generation (``generate`` calls), env (inside reset, tools, get_reward; overlaps counted once) and update (the rest),
 with peak GPU memory. A random model calls no tools, so the kit also times a step's episodes played with the expert's
-3 tool calls each (bench/expert_step.py), in TRL's order and at once (``env_tools_s``, ``env_tools_concurrent_s``). An OOM is reported with the step reached; a variant stops after the
-step past ``--budget-s``. ``--set KEY=VALUE`` changes a GRPO setting for every variant (the 32-at-once rows of
+3 tool calls each (bench/expert_step.py), in TRL's order and at once (``env_tools_s``, ``env_tools_concurrent_s``).
+An OOM is reported with the step reached; a variant stops after the step past ``--budget-s``. ``--set KEY=VALUE`` changes a GRPO setting for every variant (the 32-at-once rows of
 docs/benchmarks.md: ``steps_per_generation=1``); ``--memory-history N`` dumps the CUDA allocator's history of each
 variant for ``bench/memory_peak.py``.
 Prints markdown; writes ``$OUT/grpo_<preset>[_nocap][TAG].json``.

@@ -32,6 +32,22 @@ def test_importing_the_package_and_agentenv_imports_neither_torch_nor_unsloth():
     assert done.stdout.strip() == "[]"
 
 
+def test_the_gpu_install_pins_every_dependency_of_the_package():
+    """Colab installs requirements-gpu.txt, then the kit with --no-deps: a dependency missing there is an ImportError
+    in the notebook."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    pinned = [Requirement(line) for line in (ROOT / "requirements-gpu.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#")]
+    name = lambda text: text.lower().replace("_", "-")  # noqa: E731
+    missing = {name(Requirement(d).name) for d in declared} - {name(r.name) for r in pinned}
+    assert not missing, f"requirements-gpu.txt lacks {sorted(missing)}"
+    assert all(str(r.specifier).startswith("==") for r in pinned), "requirements-gpu.txt pins exactly"
+
+
 def test_settings_come_from_arguments_then_the_environment_then_defaults(monkeypatch):
     assert settings.get("call_timeout") == 120.0
     monkeypatch.setenv("AGENTENV_NB_CALL_TIMEOUT", "7.5")
