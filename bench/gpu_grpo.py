@@ -388,7 +388,7 @@ def table(results: list[dict]) -> str:
 
 def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", help="the model folder (bench/gpu_run.sh builds the random Qwen3-4B-shaped one)")
+    parser.add_argument("--model", help="the model folder (the random Qwen3-4B-shaped one: train.tiny.build_random_qwen3_4b)")
     parser.add_argument("--preset", default="24gb", choices=("24gb", "16bit", "cpu-tiny"))
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of " + ", ".join(VARIANTS))
     parser.add_argument("--steps", type=int, default=3)

@@ -3,7 +3,7 @@
 
 Usage::
 
-    python3 bench/gpu_scale.py --model /tmp/q4b --gpus 1,2 --steps 3   # on the GPU machine, after gpu_run.sh none
+    python3 bench/gpu_scale.py --model /tmp/q4b --gpus 1,2 --steps 3   # on the GPU machine (bench/gpu_stack.py installs the stack)
     python3 bench/gpu_scale.py --model /tmp/q4b --gpus 1 && python3 bench/gpu_scale.py --model /tmp/q4b --gpus 2
     python3 bench/gpu_scale.py --smoke                                 # CPU plumbing: tiny model, cpu-tiny, gloo
 
@@ -120,7 +120,7 @@ def table(results: list[dict]) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="the model folder (bench/gpu_run.sh builds the random Qwen3-4B-shaped one)")
+    parser.add_argument("--model", help="the model folder (the random Qwen3-4B-shaped one: train.tiny.build_random_qwen3_4b)")
     parser.add_argument("--gpus", default="1,2", help="comma-separated GPU counts, launched in turn")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--preset", default="24gb", choices=("24gb", "16bit", "cpu-tiny"))

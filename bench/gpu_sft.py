@@ -53,7 +53,7 @@ def run_sft(args, timer, result: dict) -> None:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", help="the model folder (bench/gpu_run.sh builds the random Qwen3-4B-shaped one)")
+    parser.add_argument("--model", help="the model folder (the random Qwen3-4B-shaped one: train.tiny.build_random_qwen3_4b)")
     parser.add_argument("--preset", default="24gb", choices=("24gb", "16bit", "cpu-tiny"))
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--demos", type=int, default=16, help="expert episodes played for the data")

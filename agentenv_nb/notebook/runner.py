@@ -22,11 +22,13 @@ from agentenv_nb.notebook.params import use_tiny_defaults
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
-def run_notebooks(out: Path, timeout: int = 900) -> dict[str, float]:
-    """Execute each notebook in order into ``out``; returns the wall seconds of each. Stops at the first that
-    fails, naming it; its executed copy, with the error, is kept in ``out``."""
+def run_notebooks(out: Path, timeout: int = 900, tiny: bool = True) -> dict[str, float]:
+    """Execute each notebook in order into ``out`` (on the tiny defaults unless ``tiny`` is False: then as the
+    ``AGENTENV_NB_*`` variables say); returns the wall seconds of each. Stops at the first that fails, naming it;
+    its executed copy, with the error, is kept in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    use_tiny_defaults(out.resolve() / "run")
+    if tiny:
+        use_tiny_defaults(out.resolve() / "run")
     os.environ.setdefault("MPLBACKEND", "Agg")
     seconds = {}
     for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):

@@ -26,24 +26,40 @@ DONE = "I submitted the day's schedule."
 
 
 def gridsim_expert(factory: Callable, rows: Iterable[dict],
-                   policy: Callable[[list[float]], list[int]] = battery.optimal_schedule) -> list[Rollout]:
-    """Play each GridSim row as an expert would, through a real environment: get_prices, submit_schedule with
-    ``policy``'s schedule for those prices, end_turn. The verifier scores each as it scores the model."""
+                   policy: Callable[[list[float]], list[int]] = battery.optimal_schedule,
+                   concurrency: int = 8) -> list[Rollout]:
+    """Play each GridSim row as an expert would, through real environments, ``concurrency`` episodes at once (at
+    most the server's sessions): get_prices, submit_schedule with ``policy``'s schedule for those prices, end_turn.
+    The verifier scores each as it scores the model; the rollouts come back in the rows' order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rows = list(rows)
+    lanes = max(1, min(concurrency, len(rows)))
+    rollouts: list[Rollout | None] = [None] * len(rows)
+
+    def play_lane(lane: int) -> None:  # one environment a lane, as TRL keeps one a rollout slot
+        environment = environment_for(factory, lane)
+        for index in range(lane, len(rows), lanes):
+            rollouts[index] = _expert_episode(environment, rows[index], policy)
+
+    with ThreadPoolExecutor(lanes, thread_name_prefix="agentenv_nb-expert") as pool:
+        list(pool.map(play_lane, range(lanes)))  # list(): a lane's error is raised here
+    return rollouts
+
+
+def _expert_episode(environment, row: dict, policy: Callable[[list[float]], list[int]]) -> Rollout:
     from transformers.utils import get_json_schema
 
-    environment, rollouts = environment_for(factory, 0), []
-    for row in rows:
-        environment.reset(**{k: v for k, v in row.items() if k != "environment"})
-        rollout = Rollout(task_id=row.get("task_id", ""), messages=[dict(m) for m in row["prompt"]],
-                          tools=[get_json_schema(tool) for tool in tool_methods(environment)], reward=None,
-                          tool_calls=0, tool_failures=0)
-        _act(environment, rollout, "get_prices", {})
-        prices = json.loads(rollout["messages"][-1]["content"])
-        _act(environment, rollout, "submit_schedule", {"schedule": policy(prices)})
-        _act(environment, rollout, "end_turn", {"response": DONE})
-        rollout["reward"] = environment.get_reward()
-        rollouts.append(rollout)
-    return rollouts
+    environment.reset(**{k: v for k, v in row.items() if k != "environment"})
+    rollout = Rollout(task_id=row.get("task_id", ""), messages=[dict(m) for m in row["prompt"]],
+                      tools=[get_json_schema(tool) for tool in tool_methods(environment)], reward=None,
+                      tool_calls=0, tool_failures=0)
+    _act(environment, rollout, "get_prices", {})
+    prices = json.loads(rollout["messages"][-1]["content"])
+    _act(environment, rollout, "submit_schedule", {"schedule": policy(prices)})
+    _act(environment, rollout, "end_turn", {"response": DONE})
+    rollout["reward"] = environment.get_reward()
+    return rollout
 
 
 def _act(environment, rollout: Rollout, name: str, arguments: dict) -> None:

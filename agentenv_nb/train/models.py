@@ -2,6 +2,7 @@
 warm start as both a LoRA adapter and a merged 16-bit model for the next notebook.
 
     model, tokenizer = load_model("unsloth/Qwen3-4B", "24gb")           # 4-bit, LoRA attached
+    model, tokenizer = load_model("SmolLM2-135M-Instruct.Q4_1.gguf", "24gb")  # a GGUF file, made a model folder once
     merged = save_warm_start(model, tokenizer, "runs/gridsim/sft")       # sft/adapter, sft/merged
     model, tokenizer = load_model("tiny", "cpu-tiny", corpus=texts)      # the offline tiny model
 """
@@ -15,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from agentenv_nb.stack import import_unsloth
-from agentenv_nb.train import presets
+from agentenv_nb.train import presets, vllm_sizing
 
 TINY = "tiny"
 
@@ -42,29 +43,36 @@ def _without_progress_bars():
 
 
 def load_model(name: str, preset: str, stage: str = "grpo", *, corpus: Iterable[str] = (),
-               tiny_dir: str | Path = "models/tiny-qwen3"):
-    """``name`` (a Hub id, a folder, or "tiny", built at ``tiny_dir`` from ``corpus``) loaded as ``preset``
-    says for ``stage`` ("sft" or "grpo"): with LoRA on every linear layer, or every weight trainable where the
-    preset fine-tunes in full, on the preset's torch threads; returns (model, tokenizer). The model's PAD/BOS/EOS
-    ids are the tokenizer's, as every TRL trainer would set them (with a notice each time) otherwise."""
+               models_dir: str | Path = "models"):
+    """``name`` (a Hub id, a folder, a GGUF file or a folder holding one, or "tiny", built from ``corpus``) loaded
+    as ``preset`` says for ``stage`` ("sft" or "grpo"): with LoRA on every linear layer, or every weight trainable
+    where the preset fine-tunes in full, on the preset's torch threads; returns (model, tokenizer). The tiny model
+    and GGUF conversions are made once under ``models_dir``. The model's PAD/BOS/EOS ids are the tokenizer's, as
+    every TRL trainer would set them (with a notice each time) otherwise."""
     import_unsloth()
     from transformers.trainer_utils import align_special_tokens
     from unsloth import FastLanguageModel
 
+    vllm_sizing.hold_to_budget()
     with _without_progress_bars():
         if name == TINY:
             from agentenv_nb.train.tiny import build_tiny_model
 
-            name = build_tiny_model(tiny_dir, corpus_texts=corpus)
+            name = build_tiny_model(Path(models_dir) / "tiny-qwen3", corpus_texts=corpus)
+        elif gguf := gguf_file(name):
+            name = from_gguf(gguf, Path(models_dir) / gguf.stem)
         if threads := presets.torch_threads(preset):
             import torch
 
             torch.set_num_threads(threads)
         full = presets.full_finetuning(preset, stage)
-        model, tokenizer = FastLanguageModel.from_pretrained(**presets.model_kwargs(preset, name),
+        # vLLM only for GRPO: the warm start's evals and self-distillation generate with transformers
+        engine = {} if stage == "grpo" else {"fast_inference": False}
+        model, tokenizer = FastLanguageModel.from_pretrained(**presets.model_kwargs(preset, name, **engine),
                                                              full_finetuning=full)
     if not full:
         model = FastLanguageModel.get_peft_model(model, **presets.peft_kwargs(preset))
+    use_chatml_template(tokenizer)
     notices = logging.getLogger("transformers.trainer_utils")
     level = notices.level
     notices.setLevel(logging.ERROR)  # its notice says what it aligned: here that is expected
@@ -73,6 +81,62 @@ def load_model(name: str, preset: str, stage: str = "grpo", *, corpus: Iterable[
     finally:
         notices.setLevel(level)
     return model, tokenizer
+
+
+def gguf_file(name: str | Path) -> Path | None:
+    """The GGUF file ``name`` points at: the file itself, or the one ``.gguf`` in a folder with no config.json."""
+    path = Path(name)
+    if path.suffix == ".gguf" and path.is_file():
+        return path
+    if path.is_dir() and not (path / "config.json").exists():
+        found = sorted(path.glob("*.gguf"))
+        if len(found) > 1:
+            raise ValueError(f"{path} holds several GGUF files ({', '.join(f.name for f in found)}): name one")
+        return found[0] if found else None
+    return None
+
+
+def from_gguf(gguf: Path, folder: Path) -> str:
+    """A model folder Unsloth loads, made once from ``gguf`` (transformers reads it, dequantized): bf16 weights and
+    the file's tokenizer, with the EOS token its model ends turns with and a PAD token apart from it."""
+    if (folder / "config.json").exists():
+        return str(folder)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+    config = gguf_model.config
+    del config.quantization_config  # dequantized: an ordinary model, which save_pretrained takes
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.load_state_dict(gguf_model.state_dict())
+    # GGUF metadata may name another EOS than the config's (SmolLM2's says <|im_start|>); the config's is the one
+    # its chat turns end with. No BOS: the chat template writes the first token itself.
+    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(config.eos_token_id)
+    tokenizer.bos_token = None
+    tokenizer.clean_up_tokenization_spaces = False  # a WordPiece cleanup that BPE tokenizers warn about, and skip
+    if tokenizer.pad_token is None or tokenizer.pad_token == tokenizer.eos_token:
+        tokenizer.pad_token = tokenizer.unk_token if tokenizer.unk_token != tokenizer.eos_token else tokenizer.eos_token
+    model.config.pad_token_id, model.config.bos_token_id = tokenizer.pad_token_id, None
+    model.generation_config.pad_token_id, model.generation_config.bos_token_id = tokenizer.pad_token_id, None
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    print(f"agentenv_nb: {gguf.name} converted to a model folder at {folder}")
+    return str(folder)
+
+
+def use_chatml_template(tokenizer) -> None:
+    """Where TRL can't parse tool calls from the tokenizer's chat template but the model speaks ChatML
+    (``<|im_start|>``/``<|im_end|>``), use TRL's Qwen3 template, which writes those same tokens, and say so."""
+    from trl.chat_template_utils import qwen3_chat_template
+
+    from agentenv_nb.client.checks import template_problems
+
+    chatml = all(token in tokenizer.get_vocab() for token in ("<|im_start|>", "<|im_end|>"))
+    if chatml and template_problems(tokenizer) and tokenizer.chat_template != qwen3_chat_template:
+        tokenizer.chat_template = qwen3_chat_template
+        print("agentenv_nb: TRL parses no tool calls from this model's chat template; using TRL's Qwen3 template, "
+              "which writes the same <|im_start|>/<|im_end|> tokens")
 
 
 def save_warm_start(model, tokenizer, folder: str | Path) -> str:

@@ -38,6 +38,13 @@ GPU_NEED_GB = {  # free GPU memory a preset's GRPO run needs: (with Unsloth's vL
 }
 PRESET_GPU_GB = {"24gb": 24.0, "16bit": 48.0}  # the card each GPU preset is made for (an L4, an L40S): vLLM is sized
 VLLM_SHARE = 0.5  # for at most that, taking the recipe's half of the memory a run may use (vllm_sizing)
+# The recipe's warm start (one epoch at 1e-4) is made for Qwen3-4B. SmolLM2-135M-Instruct on 200 GridSim expert
+# demonstrations (an H200, 4-bit): one epoch at 1e-4 left it calling no tool (reward 0.0), four epochs at 1e-4 taught
+# the calls but not a valid schedule (0.0), six epochs at 1e-3 scored 0.79 on 40 eval days, twice. On 100
+# demonstrations six epochs at 1e-3 teach the calls (every rollout makes two) but score 0.15 (4-bit) and 0.0 (16-bit):
+# give it 200 or more (docs/benchmarks.md). A model under this many parameters gets these settings.
+SMALL_MODEL = 1e9
+SMALL_MODEL_SFT = {"num_train_epochs": 6, "learning_rate": 1e-3}
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 # Arguments whose default Unsloth's config rewrite changes (the recipe page's "Settings Unsloth changes"), plus the
@@ -182,8 +189,10 @@ def grpo_kwargs(preset: str, output_dir: str = "outputs", max_steps: int | None 
 
 
 def sft_kwargs(preset: str, output_dir: str = "sft-outputs", max_steps: int | None = None,
-               save_steps: int | None = None, resume: bool | str = False, **overrides: Any) -> dict:
-    """The SFTConfig arguments of a preset's warm start: assistant-only loss on chats with tool calls."""
+               save_steps: int | None = None, resume: bool | str = False, model_parameters: int | None = None,
+               **overrides: Any) -> dict:
+    """The SFTConfig arguments of a preset's warm start: assistant-only loss on chats with tool calls; for a GPU
+    preset, a model under ``SMALL_MODEL`` parameters (``model_parameters``) gets ``SMALL_MODEL_SFT``."""
     _check_preset(preset)
     kwargs = {
         **_EXPLICIT,
@@ -209,6 +218,8 @@ def sft_kwargs(preset: str, output_dir: str = "sft-outputs", max_steps: int | No
         # batched or not). Enough for the tool calls and a valid 24-hour schedule with every seed tried (0-6)
         kwargs.update(max_steps=200, per_device_train_batch_size=2, gradient_accumulation_steps=1,
                       learning_rate=3e-3, warmup_steps=0, max_length=1024, bf16=False)
+    elif model_parameters is not None and model_parameters < SMALL_MODEL:
+        kwargs.update(SMALL_MODEL_SFT)
     if max_steps is not None:
         kwargs["max_steps"] = max_steps
     return {**kwargs, **_checkpointing(output_dir, save_steps, resume), **overrides}

@@ -154,9 +154,13 @@ def call_tools(environment: Any, calls: list[dict], rollout: Rollout) -> None:
 
 
 def summary(rollouts: list[Rollout]) -> dict[str, float]:
-    """Mean reward of the scored rollouts, tool calls a rollout, and the share of tool-calling and unscored ones."""
+    """Mean reward of the scored rollouts and its spread (standard deviation), tool calls a rollout, and the share
+    of tool-calling and unscored ones."""
+    import statistics
+
     scored = [r["reward"] for r in rollouts if r["reward"] is not None]
-    return {"reward": sum(scored) / len(scored) if scored else float("nan"),
+    return {"reward": statistics.fmean(scored) if scored else float("nan"),
+            "reward_std": statistics.pstdev(scored) if scored else float("nan"),
             "tool_calls": sum(r["tool_calls"] for r in rollouts) / len(rollouts),
             "tool_call_rate": sum(r["tool_calls"] > 0 for r in rollouts) / len(rollouts),
             "unscored": sum(r["reward"] is None for r in rollouts) / len(rollouts)}

