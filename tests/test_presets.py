@@ -101,3 +101,12 @@ def test_vllm_is_sized_to_the_memory_a_run_may_use(monkeypatch):
     monkeypatch.setenv("AGENTENV_NB_GPU_MEMORY_GB", "0.5")
     with pytest.raises(settings.SettingError, match="AGENTENV_NB_GPU_MEMORY_GB"):
         settings.get("gpu_memory_gb")
+
+
+def test_a_small_model_gets_the_warm_start_measured_for_it_and_a_large_one_the_recipes():
+    small = presets.sft_kwargs("24gb", model_parameters=135_000_000)
+    large = presets.sft_kwargs("24gb", model_parameters=4_000_000_000)
+    assert (small["num_train_epochs"], small["learning_rate"]) == (6, 1e-3)
+    assert (large["num_train_epochs"], large["learning_rate"]) == (1, 1e-4) == (
+        presets.sft_kwargs("24gb")["num_train_epochs"], presets.sft_kwargs("24gb")["learning_rate"])
+    assert presets.sft_kwargs("cpu-tiny", model_parameters=1_000)["learning_rate"] == 3e-3  # the tiny model's own
