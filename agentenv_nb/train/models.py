@@ -115,8 +115,10 @@ def from_gguf(gguf: Path, folder: Path) -> str:
     tokenizer.eos_token = tokenizer.convert_ids_to_tokens(config.eos_token_id)
     tokenizer.bos_token = None
     tokenizer.clean_up_tokenization_spaces = False  # a WordPiece cleanup that BPE tokenizers warn about, and skip
-    if tokenizer.pad_token is None or tokenizer.pad_token == tokenizer.eos_token:
-        tokenizer.pad_token = tokenizer.unk_token if tokenizer.unk_token != tokenizer.eos_token else tokenizer.eos_token
+    if tokenizer.pad_token in (None, tokenizer.eos_token) and tokenizer.unk_token not in (None, tokenizer.eos_token):
+        tokenizer.pad_token = tokenizer.unk_token  # apart from EOS: an ended turn is not taken for padding
+    elif tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
     model.config.pad_token_id, model.config.bos_token_id = tokenizer.pad_token_id, None
     model.generation_config.pad_token_id, model.generation_config.bos_token_id = tokenizer.pad_token_id, None
     model.save_pretrained(folder)
