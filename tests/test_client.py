@@ -161,7 +161,7 @@ def test_a_dict_factory_trains_two_bundles_mixed_in_one_dataset(bundles, quiz, t
 
 
 def test_gridsims_tools_are_methods_that_play_a_day(gridsim):
-    from agentenv_nb.client.environment import ToolFailed
+    from agentenv_nb.client.player import ToolFailed
 
     play = gridsim.factory()
     assert type(play).__name__ == "gridsim-tiny"
