@@ -145,6 +145,7 @@ def test_the_check_names_tool_parameters_trl_cannot_offer():
     assert "rename them in the env's tool" in problem
 
 
+@pytest.mark.slow
 def test_a_dict_factory_trains_two_bundles_mixed_in_one_dataset(bundles, quiz, tiny_model, tmp_path):
     from datasets import concatenate_datasets
 

@@ -21,6 +21,7 @@ def run(command: list, tmp_path, timeout: float = 600) -> subprocess.CompletedPr
     return subprocess.run([str(part) for part in command], capture_output=True, text=True, env=env, timeout=timeout)
 
 
+@pytest.mark.slow  # the command in five fresh interpreters
 def test_help_and_usage_errors_in_one_line(tmp_path):
     shown = run([*TRAIN, "--help"], tmp_path)
     assert shown.returncode == 0 and "torchrun --nproc_per_node N -m agentenv_nb.train" in shown.stdout
