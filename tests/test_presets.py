@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from agentenv_nb.train import presets
+from agentenv_nb.train import configs, presets
 
 # The recipe page's train.py, on a 24 GB GPU.
 RECIPE = {
@@ -47,7 +47,7 @@ def test_24gb_is_the_seed_recipe():
 @pytest.mark.parametrize("preset", presets.PRESETS)
 def test_configs_keep_every_setting(preset, tmp_path):
     grpo = presets.grpo_config(preset, output_dir=str(tmp_path))  # raises on any drift
-    assert presets.config_drift(grpo, presets.grpo_kwargs(preset, output_dir=str(tmp_path))) == {}
+    assert configs.config_drift(grpo, presets.grpo_kwargs(preset, output_dir=str(tmp_path))) == {}
     assert grpo.scale_rewards == "group" and grpo.loss_type == "dr_grpo"  # TRL's scaling, not Unsloth's off
     sft = presets.sft_config(preset, output_dir=str(tmp_path))
     assert sft.assistant_only_loss and sft.weight_decay == 0.0 and sft.seed == 0
@@ -57,9 +57,9 @@ def test_drift_is_reported(tmp_path):
     kwargs = presets.grpo_kwargs("cpu-tiny", output_dir=str(tmp_path))
     config = presets.grpo_config("cpu-tiny", output_dir=str(tmp_path))
     config.scale_rewards, config.weight_decay = "none", 0.001  # what Unsloth's rewrite would have done
-    assert presets.config_drift(config, kwargs) == {"scale_rewards": ("group", "none"), "weight_decay": (0.0, 0.001)}
+    assert configs.config_drift(config, kwargs) == {"scale_rewards": ("group", "none"), "weight_decay": (0.0, 0.001)}
     with pytest.raises(ValueError, match="scale_rewards"):
-        presets.check_config(config, kwargs)
+        configs.check_config(config, kwargs)
 
 
 def test_a_preset_is_data_a_user_lists_compares_and_copies(tmp_path):

@@ -5,8 +5,8 @@ GRPO and SFT arguments are pure functions of a preset.
 (4-bit QLoRA), and ``Preset``'s defaults are its settings; ``"16bit"`` is the same in 16-bit LoRA (the L40S row),
 ``"cpu-tiny"`` the same recipe shrunk for the tiny offline model on a CPU (only: on a GPU, Unsloth turns bf16
 autocast on for the float32 tiny model). Every argument Unsloth's GRPOConfig/SFTConfig would change when left unset
-is set here, and each config is checked after it is built, so a run's settings are TRL's and ours, not silently
-Unsloth's. Left as Unsloth's, as in the recipe's runs: vllm_importance_sampling_correction False,
+is set here, and each config is checked after it is built (``configs``), so a run's settings are TRL's and ours, not
+silently Unsloth's. Left as Unsloth's, as in the recipe's runs: vllm_importance_sampling_correction False,
 gradient_checkpointing_kwargs use_reentrant True, logging_nan_inf_filter False, eval_accumulation_steps 2,
 torch_empty_cache_steps 250, router_aux_loss_coef 0.
 
@@ -30,8 +30,8 @@ import functools
 import os
 from typing import Any
 
-from agentenv_nb.stack import import_unsloth, vllm_available
-from agentenv_nb.train import vllm_sizing
+from agentenv_nb.stack import vllm_available
+from agentenv_nb.train import configs, vllm_sizing
 
 PARTS = ("machine", "model", "lora", "grpo", "sft", "trainer")  # where a setting goes; "trainer": GRPO's and SFT's
 
@@ -257,7 +257,7 @@ def grpo_kwargs(preset: Preset | str, output_dir: str = "outputs", max_steps: in
         "chat_template_kwargs": {"enable_thinking": thinking},
         # TRL's group scaling. Unsloth's rewrite turns "group"/True off for dr_grpo; only None keeps it
         # (and becomes "group"). Stock TRL rejects None at the first step, so it gets "group" itself.
-        "scale_rewards": None if _unsloth_rewrites_configs() else "group",
+        "scale_rewards": None if configs.unsloth_rewrites() else "group",
         "use_vllm": use_vllm,
         "eval_strategy": "steps",
         "eval_on_start": True,
@@ -291,69 +291,14 @@ def sft_kwargs(preset: Preset | str, output_dir: str = "sft-outputs", max_steps:
     return {**kwargs, **_checkpointing(output_dir, save_steps, resume), **overrides}
 
 
-def grpo_config(preset: str, **kwargs: Any):
+def grpo_config(preset: Preset | str, **kwargs: Any):
     """A checked ``trl.GRPOConfig`` for ``preset`` (arguments as ``grpo_kwargs``); imports unsloth first."""
-    return _checked("GRPOConfig", grpo_kwargs(preset, **kwargs))
+    return configs.build("GRPOConfig", grpo_kwargs(preset, **kwargs))
 
 
-def sft_config(preset: str, **kwargs: Any):
+def sft_config(preset: Preset | str, **kwargs: Any):
     """A checked ``trl.SFTConfig`` for ``preset`` (arguments as ``sft_kwargs``); imports unsloth first."""
-    return _checked("SFTConfig", sft_kwargs(preset, **kwargs))
-
-
-def _checked(config_class: str, expected: dict):
-    """TRL's ``config_class`` (Unsloth's rewrite, on a GPU) made from ``expected``, checked to keep every setting."""
-    import_unsloth()
-    import trl
-
-    config = getattr(trl, config_class)(**expected)
-    check_config(config, expected)
-    return config
-
-
-def _unsloth_rewrites_configs() -> bool:
-    """Whether ``trl.GRPOConfig`` is Unsloth's rewrite (on a GPU), not stock TRL (on a CPU)."""
-    import_unsloth()
-    import trl
-
-    return _stock_class(trl.GRPOConfig) is not trl.GRPOConfig
-
-
-def _stock_class(cls: type) -> type:
-    """TRL's own config class under an Unsloth rewrite, or ``cls`` itself.
-
-    Unsloth's class subclasses TRL's and takes its module and name, so it is told apart by the
-    ``unsloth_*`` fields it adds (``unsloth_num_chunks``, ...).
-    """
-    return next(c for c in cls.__mro__
-                if not any(name.startswith("unsloth_") for name in getattr(c, "__dataclass_fields__", {})))
-
-
-def config_drift(config, expected) -> dict[str, tuple]:
-    """Settings whose value in ``config`` differs from ``expected``: {name: (expected, actual)}.
-
-    ``expected`` is either the arguments a config was built from, compared as TRL's own config class
-    makes them (its enums, "group"), or an earlier copy of the config, compared field by field: a
-    ``copy.deepcopy(config)`` taken before a trainer is built shows what the trainer changed. Build
-    from arguments only before any trainer exists: a new TrainingArguments resets accelerate's state.
-    """
-    if isinstance(expected, dict):
-        stock = dict(expected)
-        if stock.get("scale_rewards", "group") is None:
-            stock["scale_rewards"] = "group"  # what Unsloth's None means: TRL's default scaling
-        reference, names = _stock_class(type(config))(**stock), list(expected)
-    else:
-        reference, names = expected, [field.name for field in dataclasses.fields(expected)]
-    return {name: (getattr(reference, name), getattr(config, name)) for name in names
-            if getattr(reference, name) != getattr(config, name)}
-
-
-def check_config(config, expected) -> None:
-    """Raise if ``config`` lost any setting of ``expected`` (see ``config_drift``), e.g. to Unsloth's rewrite."""
-    drift = config_drift(config, expected)
-    if drift:
-        lines = "\n".join(f"  {name}: set {want!r}, got {got!r}" for name, (want, got) in drift.items())
-        raise ValueError(f"the trainer config does not keep these settings:\n{lines}")
+    return configs.build("SFTConfig", sft_kwargs(preset, **kwargs))
 
 
 def concurrent_sessions(config, environments: int = 1) -> int:
