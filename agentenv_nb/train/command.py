@@ -53,8 +53,7 @@ def parser() -> argparse.ArgumentParser:
     _option(p, "save_steps", type=_counting)
     _option(p, "max_concurrent_envs", type=_positive, default=None, help="sessions the env servers hold in all; "
             "default: sized for every rank, N x (a rank's rollouts of a step + its eval batch)")
-    _option(p, "server_processes", type=_counting, help="env servers rank 0 starts beside the trainer, off its GIL; "
-            "0: a thread")
+    _option(p, "server_processes", type=_counting)  # rank 0's, for every rank
     p.add_argument("--env-url", action="append", metavar="URL", help="play envs served elsewhere (python -m "
                    "agentenv_nb.serve on an env host) instead of serving here; repeat for several servers")
     p.add_argument("--set", action="append", default=[], type=_setting, metavar="KEY=VALUE", dest="overrides",
@@ -66,9 +65,9 @@ def parser() -> argparse.ArgumentParser:
 def _option(p: argparse.ArgumentParser, name: str, **given) -> None:
     """``--name`` with notebook 03's default and help for the parameter ``name``, unless ``given`` says otherwise."""
     default = given.pop("default", getattr(GRPORun(), name))
-    help = given.pop("help", GRPORun.help(name)).replace("%", "%%")
+    text = given.pop("help", GRPORun.help(name)).replace("%", "%%")
     shown = f" (default: {default})" if default not in (None, "") else ""
-    p.add_argument(f"--{name.replace('_', '-')}", default=default, help=help + shown, **given)
+    p.add_argument(f"--{name.replace('_', '-')}", default=default, help=text + shown, **given)
 
 
 def _positive(text: str) -> int:
