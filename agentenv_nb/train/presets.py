@@ -143,8 +143,9 @@ def named(preset: Preset | str) -> Preset:
 
 
 def table(preset: Preset | str, config=None):
-    """Every setting of ``preset`` by part, as a pandas DataFrame; with a ``config`` built from it, also what the
-    config holds of each (its enums by value), which shows the run's own arguments, such as ``max_steps``."""
+    """Every setting of ``preset`` by part, as a pandas DataFrame; with a GRPOConfig built from it (``grpo_config``),
+    also what that config holds of each GRPO setting (enums by value): the run's own arguments, such as
+    ``max_steps``, show there."""
     import pandas as pd
 
     preset = named(preset)
