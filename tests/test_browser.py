@@ -19,7 +19,7 @@ import pytest
 
 from .conftest import free_port
 
-from agentenv_nb.notebook.params import use_tiny_defaults
+from agentenv_nb.notebook.params import TINY, use_tiny_defaults
 from agentenv_nb.settings import PREFIX
 
 pytestmark = pytest.mark.slow
@@ -50,9 +50,11 @@ def lab(tmp_path_factory):
         (settings / f"@jupyterlab/{name}.jupyterlab-settings").parent.mkdir(parents=True, exist_ok=True)
         (settings / f"@jupyterlab/{name}.jupyterlab-settings").write_text(json.dumps(value))
     with pytest.MonkeyPatch.context() as env:
-        for name in ("RUN_DIR", "BUNDLES_DIR"):  # a run of its own, even beside nbval's in one pytest call
-            env.delenv(PREFIX + name, raising=False)
-        env.delenv("XDG_STATE_HOME", raising=False)
+        # the tiny defaults for this lab alone: each variable they set is recorded first (set, then deleted), so the
+        # context puts it back as it was, and a run of its own, even beside nbval's in one pytest call
+        for name in [*(PREFIX + name for name in (*TINY, "RUN_DIR", "BUNDLES_DIR")), "XDG_STATE_HOME"]:
+            env.setenv(name, "")
+            env.delenv(name)
         use_tiny_defaults(root / "run")
         env.setenv("JUPYTERLAB_SETTINGS_DIR", str(settings))
         env.setenv("JUPYTERLAB_WORKSPACES_DIR", str(root / ".workspaces"))

@@ -103,7 +103,7 @@ def test_a_bundle_named_in_bundles_txt_serves_from_the_command_and_agentenv_loca
                            "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as server:
         try:
             for line in server.stdout:  # the choice of sandbox, then uvicorn's startup lines
-                if "Uvicorn running" in line or "Application startup complete" in line:
+                if "Uvicorn running" in line:  # listening; "Application startup complete" comes before the bind
                     break
             with AgentEnv(f"http://127.0.0.1:{port}") as env:
                 assert len(env.tasks("train")) == 16 and env.max_concurrent_envs is None  # OpenEnv doesn't say

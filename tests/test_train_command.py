@@ -42,6 +42,8 @@ def test_the_command_and_notebook_03_take_one_set_of_parameters(monkeypatch):
     from agentenv_nb.train import command
     from agentenv_nb.train.run import GRPORun
 
+    for name in GRPORun().parameters():
+        monkeypatch.delenv(f"AGENTENV_NB_{name}", raising=False)
     args = vars(command.parser().parse_args([]))
     assert {name: args[name] for name in vars(GRPORun())} == {
         **vars(GRPORun()), "max_concurrent_envs": None}  # the command sizes the servers for every rank instead
