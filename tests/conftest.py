@@ -1,12 +1,20 @@
 """What the tests share: bundles written on the fly (tasks of agent turns and response verifiers, which deploy no
-env), the tiny model, and TRL's GRPOTrainer on CPU."""
+env), the tiny model, TRL's GRPOTrainer on CPU, and a free loopback port."""
 
 import json
 import logging
+import socket
 
 import pytest
 
 from agentenv_nb.stack import import_unsloth
+
+
+def free_port() -> int:
+    """A loopback port free now, for a server a test starts on it."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def turn(prompt_id: str, prompt: str, after: str, poll: float = 0.1) -> dict:

@@ -1,14 +1,13 @@
 """What a person sees: the four notebooks run top to bottom in JupyterLab, in a real Chromium (Debian's package, driven
 by Playwright), on the tiny defaults as nbval runs them. It checks the screen while notebook 03 trains (the live plot is
-a widget that changes) and each notebook as saved and reopened with its kernel gone (the plots are plain images), and
-it replaces nbval's run of the notebooks in CI: every code cell ran, none shows an error, none writes to stderr beyond
-``KEPT_STDERR``. Screenshots of each notebook are left in the test's temporary folder."""
+a widget that changes) and each notebook as saved and reopened with its kernel gone (the plots are plain images):
+every code cell ran, none shows an error, none writes to stderr beyond ``KEPT_STDERR``. Screenshots of each notebook
+are left in the test's temporary folder. nbval runs the same notebooks without a browser (``.ci/run``)."""
 
 import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,9 +17,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from agentenv_nb.notebook.params import use_tiny_defaults
+from .conftest import free_port
+
+from agentenv_nb.notebook.params import TINY, use_tiny_defaults
 from agentenv_nb.settings import PREFIX
 
+pytestmark = pytest.mark.slow
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 TOKEN = "agentenv-nb-browser-test"
@@ -28,12 +30,6 @@ KEPT_STDERR: list[str] = []  # regexes of stderr lines a healthy run may show; n
 LIVE_PLOT = ".jp-OutputArea .widget-output img"  # an image inside an ipywidgets Output
 PLOT = ".jp-OutputArea-output.jp-RenderedImage"  # a plain image output
 CELL_TIMEOUT_S = 900
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str) -> dict:
@@ -54,13 +50,15 @@ def lab(tmp_path_factory):
         (settings / f"@jupyterlab/{name}.jupyterlab-settings").parent.mkdir(parents=True, exist_ok=True)
         (settings / f"@jupyterlab/{name}.jupyterlab-settings").write_text(json.dumps(value))
     with pytest.MonkeyPatch.context() as env:
-        for name in ("RUN_DIR", "BUNDLES_DIR"):  # a run of its own, even beside nbval's in one pytest call
-            env.delenv(PREFIX + name, raising=False)
-        env.delenv("XDG_STATE_HOME", raising=False)
+        # the tiny defaults for this lab alone: each variable they set is recorded first (set, then deleted), so the
+        # context puts it back as it was, and a run of its own, even beside nbval's in one pytest call
+        for name in [*(PREFIX + name for name in (*TINY, "RUN_DIR", "BUNDLES_DIR")), "XDG_STATE_HOME"]:
+            env.setenv(name, "")
+            env.delenv(name)
         use_tiny_defaults(root / "run")
         env.setenv("JUPYTERLAB_SETTINGS_DIR", str(settings))
         env.setenv("JUPYTERLAB_WORKSPACES_DIR", str(root / ".workspaces"))
-        port = _free_port()
+        port = free_port()
         server = subprocess.Popen(
             [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
              f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}"],

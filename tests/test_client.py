@@ -145,6 +145,7 @@ def test_the_check_names_tool_parameters_trl_cannot_offer():
     assert "rename them in the env's tool" in problem
 
 
+@pytest.mark.slow
 def test_a_dict_factory_trains_two_bundles_mixed_in_one_dataset(bundles, quiz, tiny_model, tmp_path):
     from datasets import concatenate_datasets
 
@@ -161,7 +162,7 @@ def test_a_dict_factory_trains_two_bundles_mixed_in_one_dataset(bundles, quiz, t
 
 
 def test_gridsims_tools_are_methods_that_play_a_day(gridsim):
-    from agentenv_nb.client.environment import ToolFailed
+    from agentenv_nb.client.player import ToolFailed
 
     play = gridsim.factory()
     assert type(play).__name__ == "gridsim-tiny"

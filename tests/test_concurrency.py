@@ -126,6 +126,7 @@ def run_tool_loop(trainer, environments: list[Ledger]) -> tuple[list, int, int]:
     return [[m for m in c if m["role"] == "tool"] for c in completions], calls, failures
 
 
+@pytest.mark.slow
 def test_the_kit_trainer_runs_a_batch_s_tool_calls_at_once_with_trl_s_results(tiny_model, tmp_path):
     trainer_class("trl")  # unsloth first
     from datasets import Dataset
@@ -154,6 +155,7 @@ def test_the_kit_trainer_runs_a_batch_s_tool_calls_at_once_with_trl_s_results(ti
     assert len(trl_threads) == 1 and len(kit_threads) > 1  # one rollout after another; at once
 
 
+@pytest.mark.slow
 def test_a_seeded_run_gives_the_same_rewards_through_either_trainer(answers, tiny_model, tmp_path):
     runs = {}
     for name in TRAINERS:

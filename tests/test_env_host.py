@@ -9,7 +9,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,13 +16,9 @@ import time
 import httpx
 import pytest
 
+from .conftest import free_port
+
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +28,7 @@ def env_host(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("env-host")
     bundle = gridsim.write_bundle(root / "gridsim-tiny", train=4, eval=2)
-    port = _free_port()
+    port = free_port()
     log = open(root / "serve.log", "w")
     server = subprocess.Popen(
         [sys.executable, "-m", "agentenv_nb.serve", str(bundle), "--host", "127.0.0.1", "--port", str(port),

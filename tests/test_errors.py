@@ -19,6 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from .conftest import free_port
+
 from agentenv_nb.client import AgentEnv
 from agentenv_nb.envs.choice import SandboxError
 from agentenv_nb.envs.dockerfile import ImageError
@@ -78,6 +80,7 @@ def test_a_bad_setting_is_one_line_before_anything_loads(tmp_path, args, env, sa
     assert says in line, line
 
 
+@pytest.mark.slow  # the commands in fresh interpreters
 def test_a_missing_or_unknown_bundle_is_one_line(tmp_path):
     line = _serve_fails(str(tmp_path / "no-bundle"))
     assert f"no bundle '{tmp_path / 'no-bundle'}': no such folder" in line and "gridsim-tiny" in line, line
@@ -85,6 +88,7 @@ def test_a_missing_or_unknown_bundle_is_one_line(tmp_path):
     assert "bundles.txt knows gridsim-v1, gridsim-offline, gridsim-tiny" in line, line
 
 
+@pytest.mark.slow  # the serve command in fresh interpreters
 def test_an_env_a_process_cannot_run_stops_the_command_as_it_starts(tmp_path):
     line = _serve_fails(str(_gridsim(tmp_path / "apt", dockerfile_line="RUN apt-get update")), "--sandbox", "process")
     assert "line 3: 'RUN apt-get update'" in line and "--sandbox local" in line, line
@@ -92,13 +96,14 @@ def test_an_env_a_process_cannot_run_stops_the_command_as_it_starts(tmp_path):
     assert "-m pip install 'agentenv-nb-no-such-package>=1'" in line and "AGENTENV_NB_PIP_INSTALL=1" in line, line
 
 
+@pytest.mark.slow  # the serve command in a fresh interpreter
 def test_a_bundle_named_in_bundles_txt_serves_from_the_command_and_agentenv_local(tmp_path, monkeypatch, capsys):
-    port = _free_port()
+    port = free_port()
     with subprocess.Popen([*SERVE, "gridsim-tiny", "--bundle-dir", str(tmp_path / "bundles"), "--host", "127.0.0.1",
                            "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as server:
         try:
             for line in server.stdout:  # the choice of sandbox, then uvicorn's startup lines
-                if "Uvicorn running" in line or "Application startup complete" in line:
+                if "Uvicorn running" in line:  # listening; "Application startup complete" comes before the bind
                     break
             with AgentEnv(f"http://127.0.0.1:{port}") as env:
                 assert len(env.tasks("train")) == 16 and env.max_concurrent_envs is None  # OpenEnv doesn't say
@@ -118,10 +123,6 @@ def test_docker_named_where_no_engine_answers_names_the_process_sandbox(tmp_path
     assert "deploys will fail" in choice.reason and "process sandbox runs them" in choice.reason, choice.reason
 
 
-def _free_port() -> int:
-    from agentenv_nb.envs.pool import free_port
-
-    return free_port()
 
 
 # Each way of serving checks every env as it starts
@@ -217,6 +218,7 @@ def _play_a_day(url: str) -> float:
         return play.get_reward()
 
 
+@pytest.mark.slow  # waits for env processes to stop
 def test_closing_a_thread_server_stops_its_env_processes_but_not_another_servers(tmp_path):
     from agentenv_nb.envs.pool import pools
 
@@ -240,6 +242,7 @@ def test_closing_a_thread_server_stops_its_env_processes_but_not_another_servers
 
 # The preflight's session check
 
+@pytest.mark.slow  # serves GridSim beside a trainer config
 def test_preflight_knows_a_local_servers_session_limit_and_warns_before_training(tmp_path):
     from agentenv_nb.notebook.preflight import CapacityWarning, preflight
     from agentenv_nb.train import presets

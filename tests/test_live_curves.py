@@ -101,6 +101,7 @@ for step in (1, 2):
 """
 
 
+@pytest.mark.slow
 def test_in_a_kernel_the_factory_picks_the_notebook_and_draws_into_an_output_widget():
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(KERNEL_CELL)])
     repo = Path(__file__).resolve().parents[1]
@@ -128,6 +129,7 @@ def reward_metrics(pred):
     return {"reward": float(close), "scores/gridsim/grade/mean": float(close) / 2}
 
 
+@pytest.mark.slow
 def test_real_trainer_run_feeds_live_history_and_eval_curve(tmp_path, capsys):
     data = [{"x": torch.tensor([v / 8]), "labels": torch.tensor([v / 4])} for v in range(8)]
     args = TrainingArguments(output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=4,
@@ -180,6 +182,7 @@ def doubler_trainer(out, callbacks=(), resume=False):
                    compute_metrics=reward_metrics, callbacks=list(callbacks))
 
 
+@pytest.mark.slow
 def test_a_resumed_run_says_so_and_never_trains_past_max_steps(tmp_path, capsys):
     import shutil
 
@@ -208,6 +211,7 @@ def run_cell(source: str) -> nbformat.NotebookNode:
     return nb
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("widget", [True, False], ids=["jupyterlab", "colab"])
 def test_at_train_end_the_plot_is_left_as_a_plain_image_every_viewer_shows(widget, monkeypatch):
     # Unsloth, imported by earlier tests in this process, sets HF_HUB_ENABLE_HF_TRANSFER, which the kernel inherits

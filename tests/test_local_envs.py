@@ -16,6 +16,8 @@ import pytest
 import uvicorn
 import websockets
 
+from .conftest import free_port
+
 from agentenv_nb.envs import pool as env_pool
 from agentenv_nb.envs import process_sandbox, tls
 
@@ -122,9 +124,7 @@ def server(tmp_path_factory):
                      "badfile": write_bundle(root / "badfile", dockerfile_line="RUN apt-get update"),
                      "missing": write_bundle(root / "missing", requirement="agentenv-nb-no-such-package>=1")},
                     sandbox="process", max_concurrent_envs=CAPACITY)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     served = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=served.run, daemon=True)
     thread.start()
@@ -190,6 +190,7 @@ def test_a_fresh_interpreter_per_episode_when_the_pool_is_off(server, monkeypatc
     assert asyncio.run(play(server))["reward"] == 1.0
 
 
+@pytest.mark.slow  # starts env processes until one gets a free port
 def test_a_port_another_process_took_is_not_taken_for_the_env(server, monkeypatch):
     """An env's port is picked before the env binds it, so another process can take it first (under load, one reset
     in a few hundred did): the env must not be marked ready for that listener, which would have the episode talk to
@@ -280,6 +281,7 @@ def test_a_missing_requirement_is_named_with_how_to_install_it(server):
     assert "-m pip install 'agentenv-nb-no-such-package>=1'" in error and "AGENTENV_NB_PIP_INSTALL=1" in error
 
 
+@pytest.mark.slow  # waits for every env process of the module to settle
 def test_no_process_or_folder_outlives_its_episode(server):
     """100 episodes, 8 at a time: played to the end, abandoned by a reset mid-episode, or dropped by closing the
     socket after the reset or after a tool call. Then only the warm pool is left, and nothing once it's closed."""

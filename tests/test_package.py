@@ -20,6 +20,7 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
                           env={**os.environ, **env}, cwd=ROOT)
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_importing_the_package_and_agentenv_imports_neither_torch_nor_unsloth():
     done = run_python("""
         import sys
@@ -74,6 +75,7 @@ def test_the_readme_lists_every_setting():
     assert [s.variable for s in settings.SETTINGS.values() if f"`{s.variable}`" not in readme] == []
 
 
+@pytest.mark.slow  # a fresh interpreter serves and exits
 def test_no_env_process_or_folder_outlives_python_when_nothing_was_closed(tmp_path):
     """An episode left open, its AgentEnv and server never closed: the exit hook stops them all."""
     work = tmp_path / "work"

@@ -1,12 +1,15 @@
-"""The presets hold the recipe page's recipe, set Unsloth's changed defaults back, and survive the config classes.
+"""The presets hold the recipe page's recipe, set Unsloth's changed defaults back, and survive the config classes;
+a preset is data a user can list, compare and copy with changes.
 
 The configs are built with ``import unsloth`` first, as in the notebooks; on a GPU machine that is
 Unsloth's GRPOConfig rewrite, on a CPU stock TRL with Unsloth's CPU patches.
 """
 
+import dataclasses
+
 import pytest
 
-from agentenv_nb.train import presets
+from agentenv_nb.train import configs, presets
 
 # The recipe page's train.py, on a 24 GB GPU.
 RECIPE = {
@@ -38,13 +41,13 @@ def test_24gb_is_the_seed_recipe():
     assert not presets.model_kwargs("16bit", "m")["load_in_4bit"]
     lora = presets.peft_kwargs("24gb")
     assert (lora["r"], lora["lora_alpha"], lora["use_gradient_checkpointing"]) == (32, 64, "unsloth")
-    assert lora["target_modules"] == presets.LORA_TARGETS
+    assert lora["target_modules"] == list(presets.PRESETS["24gb"].lora_targets)
 
 
 @pytest.mark.parametrize("preset", presets.PRESETS)
 def test_configs_keep_every_setting(preset, tmp_path):
     grpo = presets.grpo_config(preset, output_dir=str(tmp_path))  # raises on any drift
-    assert presets.config_drift(grpo, presets.grpo_kwargs(preset, output_dir=str(tmp_path))) == {}
+    assert configs.config_drift(grpo, presets.grpo_kwargs(preset, output_dir=str(tmp_path))) == {}
     assert grpo.scale_rewards == "group" and grpo.loss_type == "dr_grpo"  # TRL's scaling, not Unsloth's off
     sft = presets.sft_config(preset, output_dir=str(tmp_path))
     assert sft.assistant_only_loss and sft.weight_decay == 0.0 and sft.seed == 0
@@ -54,9 +57,30 @@ def test_drift_is_reported(tmp_path):
     kwargs = presets.grpo_kwargs("cpu-tiny", output_dir=str(tmp_path))
     config = presets.grpo_config("cpu-tiny", output_dir=str(tmp_path))
     config.scale_rewards, config.weight_decay = "none", 0.001  # what Unsloth's rewrite would have done
-    assert presets.config_drift(config, kwargs) == {"scale_rewards": ("group", "none"), "weight_decay": (0.0, 0.001)}
+    assert configs.config_drift(config, kwargs) == {"scale_rewards": ("group", "none"), "weight_decay": (0.0, 0.001)}
     with pytest.raises(ValueError, match="scale_rewards"):
-        presets.check_config(config, kwargs)
+        configs.check_config(config, kwargs)
+
+
+def test_a_preset_is_data_a_user_lists_compares_and_copies(tmp_path):
+    recipe = presets.PRESETS["24gb"]
+    listed = presets.table("24gb")
+    assert listed.loc["temperature", "preset"] == 1.1 and listed.loc["load_in_4bit", "part"] == "model"
+    assert set(listed.index) == {field.name for field in dataclasses.fields(recipe)} - {"name"}
+    assert presets.differences("24gb", "16bit") == {  # the L40S row: 16-bit LoRA on a 48 GB card
+        "gpu_gb": (24.0, 48.0), "gpu_need_gb": (19.0, 40.0), "gpu_need_gb_without_vllm": (13.0, 25.0),
+        "load_in_4bit": (True, False), "generation_parts_without_vllm": (2, 1)}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        recipe.temperature = 0.9
+    mine = dataclasses.replace(recipe, name="mine", temperature=0.9, lora_r=16, sft_learning_rate=5e-5)
+    assert presets.grpo_kwargs(mine)["temperature"] == 0.9 and presets.grpo_kwargs("24gb")["temperature"] == 1.1
+    assert presets.peft_kwargs(mine)["r"] == 16 and presets.model_kwargs(mine, "m")["max_lora_rank"] == 16
+    assert presets.sft_kwargs(mine)["learning_rate"] == 5e-5
+    config = presets.grpo_config(mine, output_dir=str(tmp_path), max_steps=7)  # a checked config of one's own
+    shown = presets.table(mine, config)  # the run's own arguments as the config holds them, enums by value
+    assert shown.loc["temperature", "config"] == 0.9 and shown.loc["max_steps"].tolist() == ["grpo", 40, 7]
+    assert shown.loc["lr_scheduler_type", "config"] == "cosine"  # not <SchedulerType.COSINE: 'cosine'>
+    assert shown.loc["optim", "config"] == config.optim.value  # transformers' own choice of the AdamW kernel
 
 
 def test_user_arguments(tmp_path):
@@ -87,15 +111,16 @@ def test_vllm_is_sized_to_the_memory_a_run_may_use(monkeypatch):
     from agentenv_nb import settings
     from agentenv_nb.train.vllm_sizing import gpu_memory_utilization as share
 
-    h200, l4, made_for = 150.1e9, 23.6e9, presets.PRESET_GPU_GB["24gb"] * 1e9
-    assert share(presets.VLLM_SHARE, l4, made_for_bytes=made_for) == 0.5  # the recipe's 0.5 on an L4
+    recipe = presets.PRESETS["24gb"]
+    h200, l4, made_for = 150.1e9, 23.6e9, recipe.gpu_gb * 1e9
+    assert share(recipe.vllm_share, l4, made_for_bytes=made_for) == 0.5  # the recipe's 0.5 on an L4
     assert share(0.5, h200) == 0.5  # no preset, no cap: half the card, as before
     # the "24gb" preset on an H200: 12 GB, not 75
     assert share(0.5, h200, made_for_bytes=made_for) * h200 == pytest.approx(12e9, rel=1e-3)
     assert share(0.5, h200, allowed_bytes=24e9) * h200 == pytest.approx(12e9, rel=1e-3)  # a 24 GB cap
     assert share(0.5, h200, allowed_bytes=16e9, made_for_bytes=made_for) * h200 == pytest.approx(8e9, rel=1e-3)
     assert share(0.5, l4, allowed_bytes=40e9, made_for_bytes=made_for) == 0.5  # never more than the card
-    assert presets.PRESET_GPU_GB["16bit"] == 48.0  # the L40S
+    assert presets.PRESETS["16bit"].gpu_gb == 48.0  # the L40S
     monkeypatch.setenv("AGENTENV_NB_GPU_MEMORY_GB", "24")
     assert settings.get("gpu_memory_gb") == 24.0
     monkeypatch.setenv("AGENTENV_NB_GPU_MEMORY_GB", "0.5")

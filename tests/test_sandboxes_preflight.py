@@ -8,7 +8,6 @@ on a subprocess's path, since the real one exists only on Colab. The preflight r
 
 import http.server
 import os
-import socket
 import socketserver
 import subprocess
 import sys
@@ -17,6 +16,8 @@ import threading
 from pathlib import Path
 
 import pytest
+
+from .conftest import free_port
 
 from agentenv_nb.notebook import preflight as pf
 from agentenv_nb.envs import choice as sandboxes
@@ -266,6 +267,7 @@ def test_the_kits_own_pins_hold_on_the_cpu():
     assert all(row["status"] == "ok" for row in pf.check_versions("cpu-tiny"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("imports, status", [("import trl", "fail"),
                                              ("from agentenv_nb.stack import import_unsloth; import_unsloth(); "
                                               "import trl", "ok")])
@@ -276,9 +278,7 @@ def test_import_order_in_a_fresh_process(imports, status):
 
 
 def test_unreachable_server_says_how_to_start_one():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     [row] = pf.check_server(f"http://127.0.0.1:{port}", "train", timeout=2)
     assert row["status"] == "fail" and "no env server answers" in row["detail"]
     assert "python -m agentenv_nb.serve" in row["fix"] and "--max-concurrent-envs 64" in row["fix"]
@@ -304,6 +304,7 @@ def test_max_concurrent_envs_below_the_trainers_sessions(grpo_config):
     assert pf.capacity_warning(config, 16) is None
 
 
+@pytest.mark.slow  # two fresh interpreters import the stack
 def test_hf_token_where_the_model_comes_from_the_hub(tmp_path):
     code = ("from agentenv_nb.notebook.preflight import check_hf; "
             "print(check_hf(None, 'unsloth/Qwen3-4B')[0]['status'], check_hf(None, '.'), check_hf(False, 'a/b'))")
@@ -341,6 +342,7 @@ def test_preflight_prints_a_line_per_problem_and_strict_raises(clean_env, grpo_c
         pf.preflight("cpu-tiny", env="http://127.0.0.1:9", requirements=requirements, strict=True, show=False)
 
 
+@pytest.mark.slow
 def test_preflight_in_a_notebook_displays_the_table(tmp_path):
     import nbformat
     from nbclient import NotebookClient

@@ -9,7 +9,6 @@ import asyncio
 import json
 import logging
 import threading
-import time
 
 import pytest
 
@@ -53,9 +52,8 @@ def test_a_dropped_session_waits_for_a_restarting_server_then_gives_up_after_its
         server.close()
         restarted = []
         threading.Timer(1.0, lambda: restarted.append(serve_in_thread(answers, port=port))).start()
-        start = time.monotonic()
         assert (await session.reset("train", 1))["done"] is False  # waited past patience for the server
-        assert time.monotonic() - start > 0.9
+        assert restarted  # the server came back before the reset returned: it waited for it
         await session.close()
         restarted[0].close()
         short = Session(server.url, reset_timeout=0.5, patience=0.2)
@@ -70,16 +68,15 @@ def test_a_dropped_session_whose_slot_another_took_gives_up_after_patience(answe
     port = int(server.url.rsplit(":", 1)[1])
 
     async def run():
-        session = Session(server.url, reset_timeout=30, patience=0.5)
+        session = Session(server.url, reset_timeout=3600, patience=0.5)
         await session.open()
         server.close()
         with serve_in_thread(answers, port=port, max_concurrent_envs=1) as again:
             taker = Session(again.url)
             await taker.open()
-            start = time.monotonic()
             with pytest.raises(CapacityError, match=r"none freed up within patience=0.5s"):
-                await session.reset("train", 0)
-            assert time.monotonic() - start < 3  # the short wait, not reset_timeout
+                # the short wait, not reset_timeout's hour
+                await asyncio.wait_for(session.reset("train", 0), timeout=600)
             await taker.close()
     asyncio.run(run())
 
@@ -103,6 +100,7 @@ def test_every_wait_names_the_bound_that_ran_out(tmp_path):
         asyncio.run(run())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trainer", TRAINERS)
 def test_a_restart_costs_the_rollouts_in_flight_not_the_ones_after(answers, tiny_model, tmp_path, caplog, trainer):
     """Seeds/000's outage table: the server stops mid-episode in step 2 and is back 2 s later."""
@@ -134,6 +132,7 @@ def test_a_restart_costs_the_rollouts_in_flight_not_the_ones_after(answers, tiny
     assert "rollout left unscored: end_turn: the connection to" in warnings(caplog)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trainer", TRAINERS)
 def test_a_slot_another_took_costs_one_rollout_not_the_step(answers, tiny_model, tmp_path, caplog, trainer):
     """The server restarts after step 1, and another client takes one of its two slots until step 2 ends."""

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from agentenv_nb.train import presets
+from agentenv_nb.train import configs, presets
 from agentenv_nb.stack import import_unsloth
 
 pytestmark = pytest.mark.slow
@@ -125,7 +125,7 @@ def test_sft_then_grpo_on_cpu(tmp_path, one_thread):
         model=model, processing_class=tokenizer, args=config, environment_factory=Adder,
         train_dataset=Dataset.from_list(_task_rows((rng.randrange(10), rng.randrange(10)) for _ in range(16))),
         eval_dataset=Dataset.from_list(_task_rows([(1, 2), (4, 4), (9, 0), (6, 3)])))
-    presets.check_config(trainer.args, before)  # the trainer kept every setting too
+    configs.check_config(trainer.args, before)  # the trainer kept every setting too
     lora = {name: p.detach().clone() for name, p in model.named_parameters() if "lora_" in name}
     trainer.train()
 

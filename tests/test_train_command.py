@@ -21,6 +21,7 @@ def run(command: list, tmp_path, timeout: float = 600) -> subprocess.CompletedPr
     return subprocess.run([str(part) for part in command], capture_output=True, text=True, env=env, timeout=timeout)
 
 
+@pytest.mark.slow  # the command in five fresh interpreters
 def test_help_and_usage_errors_in_one_line(tmp_path):
     shown = run([*TRAIN, "--help"], tmp_path)
     assert shown.returncode == 0 and "torchrun --nproc_per_node N -m agentenv_nb.train" in shown.stdout
@@ -34,6 +35,22 @@ def test_help_and_usage_errors_in_one_line(tmp_path):
         failed = run([*TRAIN, *args], tmp_path)
         assert failed.returncode == 2 and failed.stdout == "", failed.stdout
         assert failed.stderr.count("\n") == 1 and says in failed.stderr and "Traceback" not in failed.stderr
+
+
+def test_the_command_and_notebook_03_take_one_set_of_parameters(monkeypatch):
+    from agentenv_nb.notebook.params import TINY, from_env
+    from agentenv_nb.train import command
+    from agentenv_nb.train.run import GRPORun
+
+    for name in GRPORun().parameters():
+        monkeypatch.delenv(f"AGENTENV_NB_{name}", raising=False)
+    args = vars(command.parser().parse_args([]))
+    assert {name: args[name] for name in vars(GRPORun())} == {
+        **vars(GRPORun()), "max_concurrent_envs": None}  # the command sizes the servers for every rank instead
+    monkeypatch.setenv("AGENTENV_NB_MAX_STEPS", "3")
+    monkeypatch.setenv("AGENTENV_NB_PRESET", "16bit")
+    assert from_env(GRPORun()) == GRPORun(max_steps=3, preset="16bit")  # each as its parameter's type
+    assert "MAX_STEPS" not in TINY  # the tiny run trains the cpu-tiny preset's own max_steps
 
 
 def test_the_servers_must_hold_every_ranks_sessions(tmp_path):

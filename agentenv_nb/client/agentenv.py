@@ -31,9 +31,11 @@ from typing import Any, Literal
 import httpx
 
 from agentenv_nb import settings
-from agentenv_nb.client.environment import Environment, Reward, Rules, environment_class, read_plain_text_replies
+from agentenv_nb.client.environment import Environment, environment_class, read_plain_text_replies
+from agentenv_nb.client.player import Rules
 from agentenv_nb.client.runtime import Runtime, gather
 from agentenv_nb.client.session import Session
+from agentenv_nb.envs.serving import Reward
 from agentenv_nb.lifecycle import close_at_exit
 
 

@@ -3,29 +3,40 @@
 bundle and model without editing them.
 
     BUNDLE = "gridsim-v1"
-    MAX_STEPS = 40
-    globals().update(from_env(globals()))   # AGENTENV_NB_MAX_STEPS=2 makes MAX_STEPS 2
+    globals().update(from_env(globals()))   # AGENTENV_NB_BUNDLE=gridsim-tiny makes BUNDLE "gridsim-tiny"
+    run = from_env(GRPORun())               # notebook 03's: AGENTENV_NB_MAX_STEPS=2 makes run.max_steps 2
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Callable
 from typing import Any
 
 from agentenv_nb.settings import PREFIX
+from agentenv_nb.train.run import GRPORun
 
 
-def from_env(defaults: dict[str, Any]) -> dict[str, Any]:
-    """The UPPER_CASE names of ``defaults`` that the environment overrides, each as its default's type."""
+def from_env(defaults: dict[str, Any] | GRPORun) -> dict[str, Any] | GRPORun:
+    """What the environment overrides: of a notebook's ``globals()``, the UPPER_CASE names ``AGENTENV_NB_<NAME>``
+    sets, each as its default's type; of a ``GRPORun``, a copy with them."""
+    if isinstance(defaults, GRPORun):
+        found = _overrides(defaults.parameters(), GRPORun.kind)
+        return dataclasses.replace(defaults, **{name.lower(): value for name, value in found.items()})
+    return _overrides(defaults, lambda name: type(defaults[name]))
+
+
+def _overrides(defaults: dict[str, Any], kind: Callable[[str], type]) -> dict[str, Any]:
     found = {}
-    for name, default in defaults.items():
+    for name in defaults:
         if not name.isupper() or (PREFIX + name) not in os.environ:
             continue
-        text = os.environ[PREFIX + name]
-        if isinstance(default, bool):
+        text, wanted = os.environ[PREFIX + name], kind(name)
+        if wanted is bool:
             found[name] = text.lower() in ("1", "true", "yes", "on")
-        elif isinstance(default, (int, float)):
-            found[name] = type(default)(text)
+        elif wanted in (int, float):
+            found[name] = wanted(text)
         else:
             found[name] = text
     for name, value in found.items():
@@ -33,9 +44,11 @@ def from_env(defaults: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
-TINY = {"BUNDLE": "gridsim-tiny", "MODEL": "tiny", "PRESET": "cpu-tiny", "SANDBOX": "process", "EVAL_DAYS": "8",
-        "MAX_NEW_TOKENS": "160", "DISTILL_ROUNDS": "1", "DISTILL_STEPS": "20", "MAX_STEPS": "4", "SAVE_STEPS": "2",
-        "MAX_CONCURRENT_ENVS": "16", "SERVER_PROCESSES": "0"}
+TINY_RUN = GRPORun(bundle="gridsim-tiny", preset="cpu-tiny", sandbox="process", save_steps=2, max_concurrent_envs=16,
+                   server_processes=0)
+"""Notebook 03's tiny run: the tiny bundle and model on CPU, the preset's 4 steps, the envs on a thread."""
+TINY = {**{name: str(value) for name, value in TINY_RUN.changed().items()}, "MODEL": "tiny", "EVAL_DAYS": "8",
+        "MAX_NEW_TOKENS": "160", "DISTILL_ROUNDS": "1", "DISTILL_STEPS": "20"}
 
 
 def use_tiny_defaults(run_dir: str | os.PathLike) -> None:

@@ -26,7 +26,7 @@ import pandas as pd
 from agentenv_nb.client.agentenv import describe_server
 from agentenv_nb.envs.choice import MODAL
 from agentenv_nb.envs.modal_credentials import MODAL_HOW_TO, find_modal_credentials
-from agentenv_nb.train.presets import PRESETS, gpu_need_gb
+from agentenv_nb.train.presets import Preset, gpu_need_gb, named
 
 COLUMNS = ["check", "status", "detail", "fix"]
 THINKING_BUDGET = 6144  # the recipe page: Qwen3-4B's thinking on a GridSim day ran past 6,144 tokens before any tool call
@@ -49,11 +49,11 @@ def _row(check: str, status: str, detail: str, fix: str = "") -> dict:
     return {"check": check, "status": status, "detail": detail, "fix": fix}
 
 
-def check_gpu(preset: str) -> list[dict]:
+def check_gpu(preset: Preset | str) -> list[dict]:
     """The GPU's name and free memory against what ``preset`` needs; no GPU fails a GPU preset."""
     import torch
 
-    need = gpu_need_gb(preset)
+    need, preset = gpu_need_gb(preset), named(preset).name
     if not torch.cuda.is_available():
         if not need:
             return [_row("gpu", "ok", f"no GPU; the {preset} preset runs on the CPU")]
@@ -70,7 +70,7 @@ def check_gpu(preset: str) -> list[dict]:
     return [_row("gpu", "fail", seen, fix)]
 
 
-def check_versions(preset: str, requirements: str | Path = REQUIREMENTS) -> list[dict]:
+def check_versions(preset: Preset | str, requirements: str | Path = REQUIREMENTS) -> list[dict]:
     """Installed versions against the exact pins of ``requirements``; on the CPU only the trl, transformers and
     unsloth pins matter, the rest being the GPU stack's."""
     from packaging.requirements import Requirement
@@ -80,7 +80,7 @@ def check_versions(preset: str, requirements: str | Path = REQUIREMENTS) -> list
     if not path.is_file():
         return [_row("versions", "warn", f"{path} not found, so versions weren't checked",
                      "pass requirements= the kit's requirements-gpu.txt (it is in the repository's root)")]
-    cpu = preset == "cpu-tiny"
+    cpu = named(preset).on_cpu
     rows, matched = [], 0
     for line in path.read_text().splitlines():
         text = line.split("#", 1)[0].strip()
@@ -243,18 +243,18 @@ def check_modal(sandbox) -> list[dict]:
     return [_row("modal", "fail", "no Modal credentials, and the envs deploy on Modal", MODAL_HOW_TO)]
 
 
-def preflight(preset: str = "24gb", env=None, split: str = "train", tokenizer=None, trainer_args=None,
+def preflight(preset: Preset | str = "24gb", env=None, split: str = "train", tokenizer=None, trainer_args=None,
               needs_hf: bool | None = None, sandbox=None, model: str | None = None,
               max_concurrent_envs: int | None = None, requirements: str | Path = REQUIREMENTS,
               strict: bool = False, show: bool = True) -> pd.DataFrame:
     """Run every check that applies and return the table (check, status ok/warn/fail, detail, fix).
 
     ``env`` is an AgentEnv or a server URL; ``trainer_args`` a GRPOConfig; ``sandbox`` a name or a Choice;
-    ``max_concurrent_envs`` defaults to the env's own (``AgentEnv.max_concurrent_envs``: known for ``local``). ``show`` displays the table in a notebook, elsewhere prints
-    a line per problem; ``strict`` raises PreflightError on any fail.
+    ``max_concurrent_envs`` defaults to the env's own (``AgentEnv.max_concurrent_envs``: known for ``local``).
+    ``show`` displays the table in a notebook, elsewhere prints a line per problem; ``strict`` raises PreflightError
+    on any fail.
     """
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {PRESETS}")
+    named(preset)  # an unknown name is refused before any check runs
     rows, environments = check_gpu(preset) + check_versions(preset, requirements) + check_import_order(), 1
     if env is not None:
         rows += check_server(env, split)

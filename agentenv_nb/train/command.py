@@ -23,9 +23,9 @@ import sys
 from pathlib import Path
 
 from agentenv_nb.train.presets import PRESETS
+from agentenv_nb.train.run import SANDBOXES, GRPORun
 
 PROG = "python -m agentenv_nb.train"
-SANDBOXES = ("auto", "process", "modal", "local")
 
 
 class UsageError(Exception):
@@ -38,31 +38,36 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def parser() -> argparse.ArgumentParser:
-    """The command's options: notebook 03's parameters, with its defaults, and where the envs are served."""
+    """The command's options: notebook 03's parameters (``GRPORun``), with its defaults, and where the envs are
+    served."""
     p = _OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""),
                        epilog="Launch on N GPUs with `torchrun --nproc_per_node N -m agentenv_nb.train ...` or "
                               "`accelerate launch --num_processes N -m agentenv_nb.train ...`; docs/scale-out.md.")
-    p.add_argument("--bundle", default="gridsim-v1", help="a name from bundles.txt, or a bundle folder (%(default)s)")
-    p.add_argument("--bundles-dir", default="bundles", help="where bundles are downloaded or generated (%(default)s)")
-    p.add_argument("--run-dir", default="runs/gridsim", help="where the warm start is, and checkpoints and logs go "
-                   "(RUN_DIR/grpo) (%(default)s)")
-    p.add_argument("--warm-start", default="", help="the SFT model, a folder or a Hub id; default RUN_DIR/sft/merged, "
-                   "which notebook 02 writes")
-    p.add_argument("--preset", default="24gb", choices=PRESETS, help="%(choices)s (%(default)s)")
-    p.add_argument("--sandbox", default="auto", choices=SANDBOXES, help="where envs run; auto: chosen for the bundle")
-    p.add_argument("--max-steps", type=_positive, default=40, help="%(default)s")
-    p.add_argument("--save-steps", type=_counting, default=5, help="a checkpoint every few steps, to resume from "
-                   "(0: none) (%(default)s)")
-    p.add_argument("--max-concurrent-envs", type=_positive, help="sessions the env servers hold in all; default: "
-                   "sized for every rank, N x (a rank's rollouts of a step + its eval batch), 128 on two GPUs")
-    p.add_argument("--server-processes", type=_counting, default=8, help="env servers rank 0 starts beside the "
-                   "trainer, off its GIL; 0: a thread (%(default)s)")
+    _option(p, "bundle")
+    _option(p, "bundles_dir")
+    _option(p, "run_dir")
+    _option(p, "warm_start")
+    _option(p, "preset", choices=PRESETS)
+    _option(p, "sandbox", choices=SANDBOXES)
+    _option(p, "max_steps", type=_positive)
+    _option(p, "save_steps", type=_counting)
+    _option(p, "max_concurrent_envs", type=_positive, default=None, help="sessions the env servers hold in all; "
+            "default: sized for every rank, N x (a rank's rollouts of a step + its eval batch)")
+    _option(p, "server_processes", type=_counting)  # rank 0's, for every rank
     p.add_argument("--env-url", action="append", metavar="URL", help="play envs served elsewhere (python -m "
                    "agentenv_nb.serve on an env host) instead of serving here; repeat for several servers")
     p.add_argument("--set", action="append", default=[], type=_setting, metavar="KEY=VALUE", dest="overrides",
                    help="a GRPOConfig setting over the preset's, VALUE as JSON (else a string); e.g. "
                         "steps_per_generation=1 where the card has the room; repeatable")
     return p
+
+
+def _option(p: argparse.ArgumentParser, name: str, **given) -> None:
+    """``--name`` with notebook 03's default and help for the parameter ``name``, unless ``given`` says otherwise."""
+    default = given.pop("default", getattr(GRPORun(), name))
+    text = given.pop("help", GRPORun.help(name)).replace("%", "%%")
+    shown = f" (default: {default})" if default not in (None, "") else ""
+    p.add_argument(f"--{name.replace('_', '-')}", default=default, help=text + shown, **given)
 
 
 def _positive(text: str) -> int:

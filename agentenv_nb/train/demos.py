@@ -118,7 +118,7 @@ def sft_dataset(rollouts: Iterable[Rollout]):
     return Dataset.from_list(rows)
 
 
-def self_distill_round(model, tokenizer, env, preset: str, output_dir: str, *, fraction: float = 0.5,
+def self_distill_round(model, tokenizer, env, preset: presets.Preset | str, output_dir: str, *, fraction: float = 0.5,
                        samples: int = 2, temperature: float | None = None, max_steps: int | None = None,
                        callbacks: list | None = None, **play_kwargs) -> tuple[list[Rollout], list[Rollout]]:
     """One round of agent-lightning's Unsloth SFT loop: play each train task ``samples`` times (at ``preset``'s GRPO
@@ -129,7 +129,7 @@ def self_distill_round(model, tokenizer, env, preset: str, output_dir: str, *, f
     from agentenv_nb.train.fit import fit
 
     if temperature is None:
-        temperature = presets.grpo_kwargs(preset)["temperature"]
+        temperature = presets.named(preset).temperature
     rows = [row for row in env.dataset for _ in range(samples)]
     rollouts = play(model, tokenizer, env.factory, rows, temperature=temperature, **play_kwargs)
     kept = top_fraction(rollouts, fraction)

@@ -9,7 +9,7 @@ TRL's loop stays as it is (``max_tool_calling_iterations``, the roll-back of too
 ``tools/call_frequency`` and ``tools/failure_frequency``): the first tool it calls in a round runs every rollout's
 calls of that round, a thread a rollout and in order within it, and each call TRL then makes gets its result, or
 raises its exception, which TRL hands the model as the tool's error. The environments' turn ends and rewards already
-run at once (``client.environment``). https://www.agentenvframework.com/docs/training/trl.md
+run at once (``client.player``). https://www.agentenvframework.com/docs/training/trl.md
 """
 
 from __future__ import annotations

@@ -1,120 +1,233 @@
-"""The trainer settings, in one place: model loading, LoRA, GRPO and the SFT warm start, per hardware preset.
+"""The trainer settings as data: one frozen ``Preset`` a hardware target, in one table, ``PRESETS``; the model, LoRA,
+GRPO and SFT arguments are pure functions of a preset.
 
 ``"24gb"`` is the Unsloth GridSim recipe (https://www.agentenvframework.com/docs/training/unsloth) on a 24 GB GPU
-(4-bit QLoRA), ``"16bit"`` the same in 16-bit LoRA (the L40S row), ``"cpu-tiny"`` the same recipe shrunk for the
-tiny offline model on a CPU (only: on a GPU, Unsloth turns bf16 autocast on for the float32 tiny model). Every
-argument Unsloth's GRPOConfig/SFTConfig would change when left unset is set here, and each config is checked after
-it is built, so a run's settings are TRL's and ours, not silently Unsloth's. Left as Unsloth's, as in the recipe's
-runs: vllm_importance_sampling_correction False, gradient_checkpointing_kwargs use_reentrant True,
-logging_nan_inf_filter False, eval_accumulation_steps 2, torch_empty_cache_steps 250, router_aux_loss_coef 0.
+(4-bit QLoRA), and ``Preset``'s defaults are its settings; ``"16bit"`` is the same in 16-bit LoRA (the L40S row),
+``"cpu-tiny"`` the same recipe shrunk for the tiny offline model on a CPU (only: on a GPU, Unsloth turns bf16
+autocast on for the float32 tiny model). Every argument Unsloth's GRPOConfig/SFTConfig would change when left unset
+is set here, and each config is checked after it is built (``configs``), so a run's settings are TRL's and ours, not
+silently Unsloth's. Left as Unsloth's, as in the recipe's runs: vllm_importance_sampling_correction False,
+gradient_checkpointing_kwargs use_reentrant True, logging_nan_inf_filter False, eval_accumulation_steps 2,
+torch_empty_cache_steps 250, router_aux_loss_coef 0.
 
 Usage::
 
     from agentenv_nb.train import presets
 
-    config = presets.grpo_config("24gb", output_dir="out", max_steps=40, save_steps=10)  # imports unsloth first
-    from unsloth import FastLanguageModel
-    model, tokenizer = FastLanguageModel.from_pretrained(**presets.model_kwargs("24gb", "qwen3-4b-gridsim-sft"))
-    model = FastLanguageModel.get_peft_model(model, **presets.peft_kwargs("24gb"))
-    if presets.concurrent_sessions(config) > max_concurrent_envs: ...   # the server would refuse sessions
-    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+    presets.table("24gb")                                         # every setting of a preset, by part
+    presets.differences(presets.PRESETS["24gb"], presets.PRESETS["cpu-tiny"])
+    mine = dataclasses.replace(presets.PRESETS["24gb"], temperature=1.0, max_steps=80)   # a preset of your own
+    config = presets.grpo_config(mine, output_dir="out", save_steps=10)   # a name or a Preset; imports unsloth first
+    model, tokenizer = FastLanguageModel.from_pretrained(**presets.model_kwargs(mine, "qwen3-4b-gridsim-sft"))
+    model = FastLanguageModel.get_peft_model(model, **presets.peft_kwargs(mine))
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import os
 from typing import Any
 
-from agentenv_nb.stack import import_unsloth, vllm_available
-from agentenv_nb.train import vllm_sizing
+from agentenv_nb.stack import vllm_available
+from agentenv_nb.train import configs, vllm_sizing
 
-PRESETS = ("24gb", "16bit", "cpu-tiny")
-GPU_NEED_GB = {  # free GPU memory a preset's GRPO run needs: (with Unsloth's vLLM, with transformers' generate)
-    "24gb": (19.0, 13.0),  # the recipe's L4 run: the whole process's peak measured in docs/benchmarks.md
-    "16bit": (40.0, 25.0),  # the recipe's L40S run, vLLM taking half; likewise
-    "cpu-tiny": (0.0, 0.0),
-}
-PRESET_GPU_GB = {"24gb": 24.0, "16bit": 48.0}  # the card each GPU preset is made for (an L4, an L40S): vLLM is sized
-VLLM_SHARE = 0.5  # for at most that, taking the recipe's half of the memory a run may use (vllm_sizing)
-# The recipe's warm start (one epoch at 1e-4) is made for Qwen3-4B. SmolLM2-135M-Instruct on 200 GridSim expert
-# demonstrations (an H200, 4-bit): one epoch at 1e-4 left it calling no tool (reward 0.0), four epochs at 1e-4 taught
-# the calls but not a valid schedule (0.0), six epochs at 1e-3 scored 0.79 on 40 eval days, twice. On 100
-# demonstrations six epochs at 1e-3 teach the calls (every rollout makes two) but score 0.15 (4-bit) and 0.0 (16-bit):
-# give it 200 or more (docs/benchmarks.md). A model under this many parameters gets these settings.
-SMALL_MODEL = 1e9
-SMALL_MODEL_SFT = {"num_train_epochs": 6, "learning_rate": 1e-3}
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-# Arguments whose default Unsloth's config rewrite changes (the recipe page's "Settings Unsloth changes"), plus the
-# other defaults its rewrite replaces in the same list; each is passed explicitly by every preset below.
-_EXPLICIT = {
-    "optim": "adamw_torch",  # Unsloth's default: adamw_8bit. The same AdamW as TRL's fused one, unfused
-    "weight_decay": 0.0,  # Unsloth's: 0.001
-    "seed": 0,  # Unsloth's: 3407
-    "report_to": "none",
-    "logging_steps": 1,
-}
+# Where a setting goes; "small": the SFT of a small model, "trainer": GRPO's and SFT's
+PARTS = ("machine", "model", "lora", "grpo", "sft", "small", "trainer")
 
 
-def _check_preset(preset: str) -> None:
-    """Refuse a preset name this module doesn't define."""
+def _part(name: str, default: Any) -> Any:
+    return dataclasses.field(default=default, metadata={"part": name})
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """Every setting a preset decides, with the recipe's on a 24 GB GPU as the defaults. Fields named as a TRL,
+    Unsloth or PEFT argument are that argument; ``sft_*`` are SFTConfig's of the same name without the prefix."""
+
+    name: str
+    # The machine it is made for
+    gpu_gb: float | None = _part("machine", 24.0)  # the card (an L4); vLLM gets at most a share of it. None: a CPU
+    gpu_need_gb: float = _part("machine", 19.0)  # free GPU memory the GRPO run needs with vLLM: the whole process's
+    # peak, measured in docs/benchmarks.md
+    gpu_need_gb_without_vllm: float = _part("machine", 13.0)  # the same with transformers' generate
+    torch_threads: int | None = _part("machine", None)  # torch's CPU threads; None: torch's default
+    # FastLanguageModel.from_pretrained
+    load_in_4bit: bool = _part("model", True)
+    max_seq_length: int = _part("model", 4096)
+    dtype: str | None = _part("model", None)  # a torch dtype's name; None: Unsloth's (its GPU loader takes no names)
+    vllm: bool = _part("model", True)  # fast_inference: generate on Unsloth's colocated vLLM, where vLLM imports
+    vllm_share: float = _part("model", 0.5)  # of the memory the run may use, vLLM's: the recipe's
+    # gpu_memory_utilization, taken of at most gpu_gb (vllm_sizing)
+    # FastLanguageModel.get_peft_model
+    lora_r: int = _part("lora", 32)
+    lora_alpha: int = _part("lora", 64)
+    lora_targets: tuple[str, ...] = _part("lora", ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                   "down_proj"))  # every linear layer
+    gradient_checkpointing: str | bool = _part("lora", "unsloth")
+    full_finetuning_sft: bool = _part("lora", False)  # the SFT warm start trains every weight instead of LoRA
+    # GRPOConfig
+    max_steps: int = _part("grpo", 40)
+    per_device_train_batch_size: int = _part("grpo", 8)
+    gradient_accumulation_steps: int = _part("grpo", 4)  # 32 rollouts a step: 4 tasks, 8 rollouts each
+    num_generations: int = _part("grpo", 8)
+    generation_parts_without_vllm: int = _part("grpo", 2)  # transformers' generate holds the KV cache of every
+    # rollout it generates at once: a step's 32 in two parts of 16 fit a 24 GB card (docs/benchmarks.md); each
+    # optimizer step still takes 32 rollouts of one policy (steps_per_generation)
+    max_completion_length: int = _part("grpo", 1024)  # the whole conversation: tool calls and their results too
+    max_tool_calling_iterations: int = _part("grpo", 2)
+    enable_thinking: bool = _part("grpo", False)  # the chat template's; on, Qwen3-4B thinks past 6,144 tokens
+    temperature: float = _part("grpo", 1.1)
+    learning_rate: float = _part("grpo", 2e-5)  # Unsloth's default: 5e-5
+    warmup_steps: int = _part("grpo", 3)  # Unsloth's default: 10% of the steps
+    loss_type: str = _part("grpo", "dr_grpo")
+    beta: float = _part("grpo", 0.0)
+    epsilon_high: float = _part("grpo", 0.28)
+    eval_steps: int | None = _part("grpo", 20)  # None: at the start and the end only
+    per_device_eval_batch_size: int = _part("grpo", 32)  # Unsloth's default: 4
+    num_generations_eval: int = _part("grpo", 1)
+    # SFTConfig: assistant-only loss on chats with tool calls
+    sft_max_steps: int = _part("sft", -1)  # -1: sft_num_train_epochs
+    sft_num_train_epochs: int = _part("sft", 1)
+    sft_per_device_train_batch_size: int = _part("sft", 4)
+    sft_gradient_accumulation_steps: int = _part("sft", 4)
+    sft_per_device_eval_batch_size: int = _part("sft", 8)
+    sft_learning_rate: float = _part("sft", 1e-4)
+    sft_warmup_steps: int = _part("sft", 5)
+    sft_max_length: int = _part("sft", 4096)
+    # The SFT warm start of a small model. The recipe's (one epoch at 1e-4) is made for Qwen3-4B: SmolLM2-135M-Instruct
+    # on 200 GridSim expert demonstrations (an H200, 4-bit) called no tool after it (reward 0.0), made the calls but
+    # no valid schedule after four epochs at 1e-4 (0.0), and scored 0.79 on 40 eval days after six epochs at 1e-3,
+    # twice. On 100 demonstrations those six epochs taught the calls (two a rollout) but scored 0.15 in 4-bit and 0.0
+    # in 16-bit: give it 200 or more (docs/benchmarks.md).
+    small_model_below: float | None = _part("small", 1e9)  # parameters; None: every model gets sft_* above
+    small_sft_num_train_epochs: int = _part("small", 6)
+    small_sft_learning_rate: float = _part("small", 1e-3)
+    # GRPOConfig's and SFTConfig's
+    bf16: bool = _part("trainer", True)
+    lr_scheduler_type: str = _part("trainer", "cosine")
+    optim: str = _part("trainer", "adamw_torch")  # Unsloth's default: adamw_8bit. The same AdamW as TRL's fused one
+    weight_decay: float = _part("trainer", 0.0)  # Unsloth's: 0.001
+    seed: int = _part("trainer", 0)  # LoRA's too. Unsloth's: 3407
+
+    @property
+    def on_cpu(self) -> bool:
+        """Whether the preset is made for a CPU rather than a GPU."""
+        return self.gpu_gb is None
+
+
+PRESETS = {preset.name: preset for preset in (
+    Preset("24gb"),
+    Preset("16bit", gpu_gb=48.0, gpu_need_gb=40.0, gpu_need_gb_without_vllm=25.0,  # the L40S; vLLM takes half
+           load_in_4bit=False, generation_parts_without_vllm=1),
+    Preset("cpu-tiny", gpu_gb=None, gpu_need_gb=0.0, gpu_need_gb_without_vllm=0.0,
+           torch_threads=1,  # its small CPU host also runs the envs and their server, which more threads spin against
+           load_in_4bit=False, max_seq_length=1024, dtype="float32", vllm=False,
+           gradient_checkpointing=False,
+           full_finetuning_sft=True,  # LoRA over a random model's frozen embeddings can't teach it a tool call
+           max_steps=4, per_device_train_batch_size=4, gradient_accumulation_steps=2, num_generations=4,  # 2 x 4
+           generation_parts_without_vllm=1,
+           max_completion_length=512,  # the whole GridSim conversation: two tool calls, their prices, and end_turn
+           # cooler and slower than the recipe: the tiny warm start's groups keep a spread, and GRPO doesn't undo it
+           temperature=0.8, learning_rate=3e-4, warmup_steps=0, eval_steps=None, per_device_eval_batch_size=4,
+           bf16=False,
+           # 400 conversations, two a step: the expert's 16 demonstrations 25 times over (a CPU's cost is per
+           # conversation, batched or not); enough for the tool calls and a valid 24-hour schedule
+           sft_max_steps=200, sft_per_device_train_batch_size=2, sft_gradient_accumulation_steps=1,
+           sft_learning_rate=3e-3, sft_warmup_steps=0, sft_max_length=1024, small_model_below=None),
+)}
+
+
+_EXPLICIT = {"report_to": "none", "logging_steps": 1}  # defaults Unsloth's config rewrite replaces, set back
+
+
+def named(preset: Preset | str) -> Preset:
+    """The preset ``preset`` names, or ``preset`` itself; a name not in PRESETS is refused, saying which are."""
+    if isinstance(preset, Preset):
+        return preset
     if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {PRESETS}")
+        raise ValueError(f"unknown preset {preset!r}; choose one of {tuple(PRESETS)}, or pass a Preset")
+    return PRESETS[preset]
+
+
+def table(preset: Preset | str, config=None):
+    """Every setting of ``preset`` by part, as a pandas DataFrame; with a GRPOConfig built from it (``grpo_config``),
+    also what that config holds of each GRPO setting (enums by value): the run's own arguments, such as
+    ``max_steps``, show there."""
+    import pandas as pd
+
+    preset = named(preset)
+    rows = sorted(([field.metadata["part"], field.name, getattr(preset, field.name)]
+                   for field in dataclasses.fields(preset) if "part" in field.metadata),
+                  key=lambda row: PARTS.index(row[0]))
+    columns = ["part", "setting", "preset"]
+    if config is not None:
+        columns.append("config")
+        for row in rows:
+            held = getattr(config, row[1], "") if row[0] in ("grpo", "trainer") else ""
+            row.append(held.value if isinstance(held, enum.Enum) else held)
+    return pd.DataFrame(rows, columns=columns).set_index("setting").rename_axis(preset.name)
+
+
+def differences(a: Preset | str, b: Preset | str) -> dict[str, tuple]:
+    """The settings two presets set differently: {setting: (a's, b's)}."""
+    a, b = named(a), named(b)
+    return {field.name: (getattr(a, field.name), getattr(b, field.name)) for field in dataclasses.fields(a)
+            if field.name != "name" and getattr(a, field.name) != getattr(b, field.name)}
 
 
 @functools.cache
-def fast_inference(preset: str) -> bool:
-    """Whether a preset generates on Unsloth's colocated vLLM: GPU presets do when vLLM imports; says why not."""
-    _check_preset(preset)
-    if preset == "cpu-tiny":
-        return False
+def _vllm_generates() -> bool:
+    """Whether Unsloth's vLLM imports here; says once why not."""
     ok, why = vllm_available()
     if not ok:
         print(f"agentenv_nb: fast_inference=False ({why}); generating with transformers' generate instead.")
     return ok
 
 
-def gpu_need_gb(preset: str) -> float:
+def fast_inference(preset: Preset | str) -> bool:
+    """Whether a preset generates on Unsloth's colocated vLLM: where it asks to and vLLM imports."""
+    return named(preset).vllm and _vllm_generates()
+
+
+def gpu_need_gb(preset: Preset | str) -> float:
     """The free GPU memory ``preset``'s GRPO run needs here: less where it generates without vLLM."""
-    return GPU_NEED_GB[preset][0 if fast_inference(preset) else 1]
+    preset = named(preset)
+    return preset.gpu_need_gb if fast_inference(preset) else preset.gpu_need_gb_without_vllm
 
 
-def model_kwargs(preset: str, model_name: str, **overrides: Any) -> dict:
+def torch_threads(preset: Preset | str) -> int | None:
+    """Torch's CPU threads for a preset, or None for torch's default."""
+    return named(preset).torch_threads
+
+
+def full_finetuning(preset: Preset | str, stage: str) -> bool:
+    """Whether ``stage`` ("sft" or "grpo") trains every weight rather than LoRA."""
+    return stage == "sft" and named(preset).full_finetuning_sft
+
+
+def model_kwargs(preset: Preset | str, model_name: str, **overrides: Any) -> dict:
     """Keyword arguments for ``FastLanguageModel.from_pretrained``; with vLLM, sized to the memory the run may use."""
-    _check_preset(preset)
-    kwargs = {"model_name": model_name, "max_seq_length": 4096, "load_in_4bit": preset == "24gb",
-              "fast_inference": fast_inference(preset), "max_lora_rank": 32}
+    preset = named(preset)
+    kwargs = {"model_name": model_name, "max_seq_length": preset.max_seq_length, "load_in_4bit": preset.load_in_4bit,
+              "fast_inference": fast_inference(preset), "max_lora_rank": preset.lora_r}
     if kwargs["fast_inference"] and "gpu_memory_utilization" not in overrides:  # a share of the WHOLE card
         kwargs["gpu_memory_utilization"] = vllm_sizing.gpu_memory_utilization(
-            VLLM_SHARE, *vllm_sizing.gpu_memory(), made_for_bytes=PRESET_GPU_GB[preset] * 1e9)
-    if preset == "cpu-tiny":
+            preset.vllm_share, *vllm_sizing.gpu_memory(), made_for_bytes=preset.gpu_gb * 1e9)
+    if preset.dtype is not None:
         import torch
 
-        kwargs.update(max_seq_length=1024, dtype=torch.float32)  # Unsloth's GPU loader takes no dtype names
+        kwargs["dtype"] = getattr(torch, preset.dtype)
     return {**kwargs, **overrides}
 
 
-def full_finetuning(preset: str, stage: str) -> bool:
-    """Whether ``stage`` ("sft" or "grpo") trains every weight rather than LoRA: only the tiny model's SFT, since
-    LoRA over a random model's frozen embeddings can't teach it to write a tool call."""
-    _check_preset(preset)
-    return preset == "cpu-tiny" and stage == "sft"
-
-
-def torch_threads(preset: str) -> int | None:
-    """Torch's CPU threads for a preset, or None for torch's default: one for "cpu-tiny", whose small CPU host also
-    runs the envs and their server, which more threads spin against (docs/benchmarks.md)."""
-    _check_preset(preset)
-    return 1 if preset == "cpu-tiny" else None
-
-
-def peft_kwargs(preset: str, **overrides: Any) -> dict:
-    """Keyword arguments for ``FastLanguageModel.get_peft_model``: LoRA r32/alpha64 on every linear layer."""
-    _check_preset(preset)
-    kwargs = {"r": 32, "lora_alpha": 64, "target_modules": list(LORA_TARGETS), "lora_dropout": 0.0,
-              "use_gradient_checkpointing": "unsloth" if preset != "cpu-tiny" else False, "random_state": 0}
+def peft_kwargs(preset: Preset | str, **overrides: Any) -> dict:
+    """Keyword arguments for ``FastLanguageModel.get_peft_model``: LoRA on the preset's layers."""
+    preset = named(preset)
+    kwargs = {"r": preset.lora_r, "lora_alpha": preset.lora_alpha, "target_modules": list(preset.lora_targets),
+              "lora_dropout": 0.0, "use_gradient_checkpointing": preset.gradient_checkpointing,
+              "random_state": preset.seed}
     return {**kwargs, **overrides}
 
 
@@ -131,163 +244,75 @@ def _checkpointing(output_dir: str, save_steps: int | None, resume: bool | str) 
             "save_steps": save_steps or 500, "resume_from_checkpoint": None, **resuming}
 
 
-def grpo_kwargs(preset: str, output_dir: str = "outputs", max_steps: int | None = None,
+def _named_as(preset: Preset, part: str, prefix: str = "") -> dict:
+    """The settings of ``part`` under their argument names: a field's name without ``prefix``."""
+    return {field.name.removeprefix(prefix): getattr(preset, field.name) for field in dataclasses.fields(preset)
+            if field.metadata.get("part") == part}
+
+
+def _shared(preset: Preset) -> dict:
+    """What GRPO and SFT both take from a preset."""
+    return {**_EXPLICIT, **_named_as(preset, "trainer"), "fp16": False}
+
+
+def grpo_kwargs(preset: Preset | str, output_dir: str = "outputs", max_steps: int | None = None,
                 save_steps: int | None = None, resume: bool | str = False, **overrides: Any) -> dict:
     """The GRPOConfig arguments of a preset; ``resume=True`` picks the last checkpoint in ``output_dir``."""
-    _check_preset(preset)
-    unsloth_rewrites = _unsloth_rewrites_configs()
+    preset = named(preset)
     use_vllm = fast_inference(preset)
+    kwargs = _named_as(preset, "grpo")
+    parts, thinking = kwargs.pop("generation_parts_without_vllm"), kwargs.pop("enable_thinking")
     kwargs = {
-        **_EXPLICIT,
-        "max_steps": 40,
-        "per_device_train_batch_size": 8,
-        "gradient_accumulation_steps": 4,  # 32 rollouts a step: 4 tasks, 8 rollouts each
-        "num_generations": 8,
-        "max_completion_length": 1024,  # the whole conversation: tool calls and their results too
-        "max_tool_calling_iterations": 2,
-        "chat_template_kwargs": {"enable_thinking": False},
-        "temperature": 1.1,
-        "learning_rate": 2e-5,  # Unsloth's default: 5e-5
-        "lr_scheduler_type": "cosine",
-        "warmup_steps": 3,  # Unsloth's default: 10% of the steps
-        "loss_type": "dr_grpo",
+        **kwargs, **_shared(preset),
+        "chat_template_kwargs": {"enable_thinking": thinking},
         # TRL's group scaling. Unsloth's rewrite turns "group"/True off for dr_grpo; only None keeps it
         # (and becomes "group"). Stock TRL rejects None at the first step, so it gets "group" itself.
-        "scale_rewards": None if unsloth_rewrites else "group",
-        "beta": 0.0,
-        "epsilon_high": 0.28,
+        "scale_rewards": None if configs.unsloth_rewrites() else "group",
         "use_vllm": use_vllm,
-        "bf16": True,
-        "fp16": False,
         "eval_strategy": "steps",
-        "eval_steps": 20,
         "eval_on_start": True,
-        "num_generations_eval": 1,
-        "per_device_eval_batch_size": 32,  # Unsloth's default: 4
     }
     if use_vllm:
         kwargs["vllm_mode"] = "colocate"  # Unsloth's vLLM shares the model's weights in this process
-    if preset == "cpu-tiny":
-        kwargs.update(
-            max_steps=4, per_device_train_batch_size=4, gradient_accumulation_steps=2,  # 2 tasks x 4 rollouts
-            num_generations=4, max_completion_length=512,  # 512 holds the whole GridSim conversation: two tool
-            # calls, the prices they return, and end_turn
-            warmup_steps=0, bf16=False, per_device_eval_batch_size=4,
-            # cooler and slower than the recipe: the tiny warm start's groups keep a spread, and GRPO doesn't undo it
-            temperature=0.8, learning_rate=3e-4)
     if max_steps is not None:
         kwargs["max_steps"] = max_steps
-    if preset == "cpu-tiny":
+    if kwargs["eval_steps"] is None:
         kwargs["eval_steps"] = kwargs["max_steps"]  # evaluate at the start and at the end
     kwargs = {**kwargs, **_checkpointing(output_dir, save_steps, resume), **overrides}
-    if preset == "24gb" and not use_vllm and "steps_per_generation" not in overrides:
-        # transformers' generate (Unsloth's without vLLM) holds the KV cache of every rollout it generates at once:
-        # a step's 32 in two batches of 16 fit a 24 GB card (docs/benchmarks.md); each optimizer step still takes 32
-        # rollouts of one policy
-        kwargs["steps_per_generation"] = max(1, kwargs["gradient_accumulation_steps"] // 2)
+    if not use_vllm and parts > 1 and "steps_per_generation" not in overrides:
+        kwargs["steps_per_generation"] = max(1, kwargs["gradient_accumulation_steps"] // parts)
     return kwargs
 
 
-def sft_kwargs(preset: str, output_dir: str = "sft-outputs", max_steps: int | None = None,
+def sft_kwargs(preset: Preset | str, output_dir: str = "sft-outputs", max_steps: int | None = None,
                save_steps: int | None = None, resume: bool | str = False, model_parameters: int | None = None,
                **overrides: Any) -> dict:
-    """The SFTConfig arguments of a preset's warm start: assistant-only loss on chats with tool calls; for a GPU
-    preset, a model under ``SMALL_MODEL`` parameters (``model_parameters``) gets ``SMALL_MODEL_SFT``."""
-    _check_preset(preset)
+    """The SFTConfig arguments of a preset's warm start: assistant-only loss on chats with tool calls; a model of
+    fewer than ``small_model_below`` parameters (``model_parameters``) gets the preset's ``small_sft_*``."""
+    preset = named(preset)
     kwargs = {
-        **_EXPLICIT,
-        "num_train_epochs": 1,
-        "max_steps": -1,
-        "per_device_train_batch_size": 4,
-        "gradient_accumulation_steps": 4,
-        "per_device_eval_batch_size": 8,
-        "learning_rate": 1e-4,
-        "lr_scheduler_type": "cosine",
-        "warmup_steps": 5,
+        **_named_as(preset, "sft", prefix="sft_"), **_shared(preset),
         "assistant_only_loss": True,  # learn the model's turns (tool calls, answers), not prompts or tool results
         "loss_type": "nll",  # Unsloth's SFT default too; TRL's is chunked_nll
-        "max_length": 4096,
         "packing": False,
         "padding_free": False,
-        "bf16": True,
-        "fp16": False,
         "eval_strategy": "no",
     }
-    if preset == "cpu-tiny":
-        # 400 conversations, two a step: the expert's 16 demonstrations 25 times over (a CPU's cost is per conversation,
-        # batched or not). Enough for the tool calls and a valid 24-hour schedule with every seed tried (0-6)
-        kwargs.update(max_steps=200, per_device_train_batch_size=2, gradient_accumulation_steps=1,
-                      learning_rate=3e-3, warmup_steps=0, max_length=1024, bf16=False)
-    elif model_parameters is not None and model_parameters < SMALL_MODEL:
-        kwargs.update(SMALL_MODEL_SFT)
+    if preset.small_model_below and model_parameters is not None and model_parameters < preset.small_model_below:
+        kwargs.update(num_train_epochs=preset.small_sft_num_train_epochs, learning_rate=preset.small_sft_learning_rate)
     if max_steps is not None:
         kwargs["max_steps"] = max_steps
     return {**kwargs, **_checkpointing(output_dir, save_steps, resume), **overrides}
 
 
-def grpo_config(preset: str, **kwargs: Any):
+def grpo_config(preset: Preset | str, **kwargs: Any):
     """A checked ``trl.GRPOConfig`` for ``preset`` (arguments as ``grpo_kwargs``); imports unsloth first."""
-    return _checked("GRPOConfig", grpo_kwargs(preset, **kwargs))
+    return configs.build("GRPOConfig", grpo_kwargs(preset, **kwargs))
 
 
-def sft_config(preset: str, **kwargs: Any):
+def sft_config(preset: Preset | str, **kwargs: Any):
     """A checked ``trl.SFTConfig`` for ``preset`` (arguments as ``sft_kwargs``); imports unsloth first."""
-    return _checked("SFTConfig", sft_kwargs(preset, **kwargs))
-
-
-def _checked(config_class: str, expected: dict):
-    """TRL's ``config_class`` (Unsloth's rewrite, on a GPU) made from ``expected``, checked to keep every setting."""
-    import_unsloth()
-    import trl
-
-    config = getattr(trl, config_class)(**expected)
-    check_config(config, expected)
-    return config
-
-
-def _unsloth_rewrites_configs() -> bool:
-    """Whether ``trl.GRPOConfig`` is Unsloth's rewrite (on a GPU), not stock TRL (on a CPU)."""
-    import_unsloth()
-    import trl
-
-    return _stock_class(trl.GRPOConfig) is not trl.GRPOConfig
-
-
-def _stock_class(cls: type) -> type:
-    """TRL's own config class under an Unsloth rewrite, or ``cls`` itself.
-
-    Unsloth's class subclasses TRL's and takes its module and name, so it is told apart by the
-    ``unsloth_*`` fields it adds (``unsloth_num_chunks``, ...).
-    """
-    return next(c for c in cls.__mro__
-                if not any(name.startswith("unsloth_") for name in getattr(c, "__dataclass_fields__", {})))
-
-
-def config_drift(config, expected) -> dict[str, tuple]:
-    """Settings whose value in ``config`` differs from ``expected``: {name: (expected, actual)}.
-
-    ``expected`` is either the arguments a config was built from, compared as TRL's own config class
-    makes them (its enums, "group"), or an earlier copy of the config, compared field by field: a
-    ``copy.deepcopy(config)`` taken before a trainer is built shows what the trainer changed. Build
-    from arguments only before any trainer exists: a new TrainingArguments resets accelerate's state.
-    """
-    if isinstance(expected, dict):
-        stock = dict(expected)
-        if stock.get("scale_rewards", "group") is None:
-            stock["scale_rewards"] = "group"  # what Unsloth's None means: TRL's default scaling
-        reference, names = _stock_class(type(config))(**stock), list(expected)
-    else:
-        reference, names = expected, [field.name for field in dataclasses.fields(expected)]
-    return {name: (getattr(reference, name), getattr(config, name)) for name in names
-            if getattr(reference, name) != getattr(config, name)}
-
-
-def check_config(config, expected) -> None:
-    """Raise if ``config`` lost any setting of ``expected`` (see ``config_drift``), e.g. to Unsloth's rewrite."""
-    drift = config_drift(config, expected)
-    if drift:
-        lines = "\n".join(f"  {name}: set {want!r}, got {got!r}" for name, (want, got) in drift.items())
-        raise ValueError(f"the trainer config does not keep these settings:\n{lines}")
+    return configs.build("SFTConfig", sft_kwargs(preset, **kwargs))
 
 
 def concurrent_sessions(config, environments: int = 1) -> int:

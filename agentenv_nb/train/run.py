@@ -1,0 +1,67 @@
+"""Notebook 03's GRPO run: its parameters and their defaults, in one place. The notebook's parameters cell, the
+training command's options (``python -m agentenv_nb.train``) and the tiny run CI and the demo make read them here.
+
+    run = GRPORun()                                 # gridsim-v1, the "24gb" preset and its max_steps, ...
+    dataclasses.replace(run, preset="16bit")        # a run of your own
+    run.parameters()                                # {"BUNDLE": "gridsim-v1", ...}: the notebook's names
+    run.table()                                     # each parameter, its value and what it sets
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+SANDBOXES = ("auto", "process", "modal", "local")
+
+
+def _parameter(default, help: str):
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPORun:
+    """A GRPO run's parameters: what to train on, with which preset, where, and how the envs are served."""
+
+    bundle: str = _parameter("gridsim-v1", "a name from bundles.txt, or a bundle folder")
+    bundles_dir: str = _parameter("bundles", "where bundles are downloaded or generated")
+    run_dir: str = _parameter("runs/gridsim", "where models, checkpoints, logs and plots go; GRPO's in RUN_DIR/grpo")
+    warm_start: str = _parameter("", "the SFT model, a folder or a Hub id; empty: RUN_DIR/sft/merged, which notebook "
+                                     "02 writes")
+    preset: str = _parameter("24gb", "a name from presets.PRESETS: '24gb' (4-bit QLoRA), '16bit' (LoRA), 'cpu-tiny'")
+    sandbox: str = _parameter("auto", "where envs run: 'auto' (chosen for the bundle), 'process', 'modal', 'local' "
+                                      "(Docker)")
+    max_steps: int | None = _parameter(None, "the step to train to; unset (None): the preset's max_steps")
+    save_steps: int = _parameter(5, "a checkpoint every few steps, to resume from (0: none)")
+    max_concurrent_envs: int = _parameter(64, "sessions the env servers hold: a step's 32 rollouts and an eval "
+                                              "batch's 32")
+    server_processes: int = _parameter(8, "env servers beside the trainer, off its GIL; 0: a thread of this process")
+
+    def parameters(self) -> dict:
+        """The parameters under the notebook's names: {"BUNDLE": ..., "MAX_STEPS": ...}."""
+        return {field.name.upper(): getattr(self, field.name) for field in dataclasses.fields(self)}
+
+    def changed(self) -> dict:
+        """The parameters, under the notebook's names, that differ from the defaults."""
+        default = type(self)()
+        return {name: value for name, value in self.parameters().items()
+                if value != getattr(default, name.lower())}
+
+    def table(self):
+        """Each parameter, its value and what it sets: a pandas DataFrame indexed by the notebook's names."""
+        import pandas as pd
+
+        rows = [(field.name.upper(), getattr(self, field.name), field.metadata["help"])
+                for field in dataclasses.fields(self)]
+        return pd.DataFrame(rows, columns=["parameter", "value", "what it sets"]).set_index("parameter")
+
+    @classmethod
+    def help(cls, name: str) -> str:
+        """What parameter ``name`` (``max_steps`` or ``MAX_STEPS``) sets."""
+        return cls.__dataclass_fields__[name.lower()].metadata["help"]
+
+    @classmethod
+    def kind(cls, name: str) -> type:
+        """The type of parameter ``name``'s values, None aside: ``int`` for ``max_steps``."""
+        hint = typing.get_type_hints(cls)[name.lower()]
+        return next((arg for arg in typing.get_args(hint) if arg is not type(None)), hint)
