@@ -25,12 +25,13 @@ def test_help_and_usage_errors_in_one_line(tmp_path):
     shown = run([*TRAIN, "--help"], tmp_path)
     assert shown.returncode == 0 and "torchrun --nproc_per_node N -m agentenv_nb.train" in shown.stdout
     for option in ("--bundle", "--run-dir", "--warm-start", "--preset", "--sandbox", "--max-steps", "--save-steps",
-                   "--max-concurrent-envs", "--server-processes", "--env-url"):
+                   "--max-concurrent-envs", "--server-processes", "--env-url", "--report-to"):
         assert option in shown.stdout
     for args, says in [(["--max-steps", "0"], "--max-steps: '0' is not a whole number of at least 1"),
                        (["--preset", "8gb"], "argument --preset: invalid choice: '8gb'"),
                        (["--run-dir", tmp_path], f"no warm start at {tmp_path}/sft/merged: run notebook 02"),
-                       (["--warm-start", tmp_path, "--bundle", "no-such-bundle"], "no bundle 'no-such-bundle'")]:
+                       (["--warm-start", tmp_path, "--bundle", "no-such-bundle"], "no bundle 'no-such-bundle'"),
+                       (["--report-to", "mlflow"], "argument --report-to: invalid choice: 'mlflow'")]:
         failed = run([*TRAIN, *args], tmp_path)
         assert failed.returncode == 2 and failed.stdout == "", failed.stdout
         assert failed.stderr.count("\n") == 1 and says in failed.stderr and "Traceback" not in failed.stderr

@@ -27,6 +27,7 @@ from agentenv_nb.client.agentenv import describe_server
 from agentenv_nb.envs.choice import MODAL
 from agentenv_nb.envs.modal_credentials import MODAL_HOW_TO, find_modal_credentials
 from agentenv_nb.train.presets import PRESETS, gpu_need_gb
+from agentenv_nb.train.tracking import report_to_problem
 
 COLUMNS = ["check", "status", "detail", "fix"]
 THINKING_BUDGET = 6144  # the recipe page: Qwen3-4B's thinking on a GridSim day ran past 6,144 tokens before any tool call
@@ -243,14 +244,23 @@ def check_modal(sandbox) -> list[dict]:
     return [_row("modal", "fail", "no Modal credentials, and the envs deploy on Modal", MODAL_HOW_TO)]
 
 
+def check_tracking(report_to: str | None) -> list[dict]:
+    """The ``report_to`` integration's package, where one is asked for."""
+    if report_to in (None, "none"):
+        return []
+    if problem := report_to_problem(report_to):
+        return [_row("tracking", "fail", problem, "pip install it and restart the kernel, or set REPORT_TO='none'")]
+    return [_row("tracking", "ok", f"metrics and scores also go to {report_to}")]
+
+
 def preflight(preset: str = "24gb", env=None, split: str = "train", tokenizer=None, trainer_args=None,
-              needs_hf: bool | None = None, sandbox=None, model: str | None = None,
+              needs_hf: bool | None = None, sandbox=None, model: str | None = None, report_to: str | None = None,
               max_concurrent_envs: int | None = None, requirements: str | Path = REQUIREMENTS,
               strict: bool = False, show: bool = True) -> pd.DataFrame:
     """Run every check that applies and return the table (check, status ok/warn/fail, detail, fix).
 
     ``env`` is an AgentEnv or a server URL; ``trainer_args`` a GRPOConfig; ``sandbox`` a name or a Choice;
-    ``max_concurrent_envs`` defaults to the env's own (``AgentEnv.max_concurrent_envs``: known for ``local``). ``show`` displays the table in a notebook, elsewhere prints
+    ``report_to`` a tracking integration (``train.tracking``); ``max_concurrent_envs`` defaults to the env's own (``AgentEnv.max_concurrent_envs``: known for ``local``). ``show`` displays the table in a notebook, elsewhere prints
     a line per problem; ``strict`` raises PreflightError on any fail.
     """
     if preset not in PRESETS:
@@ -267,7 +277,7 @@ def preflight(preset: str = "24gb", env=None, split: str = "train", tokenizer=No
         rows += check_thinking(trainer_args, tokenizer)
         limit = max_concurrent_envs if max_concurrent_envs is not None else getattr(env, "max_concurrent_envs", None)
         rows += check_capacity(trainer_args, limit, environments)
-    rows += check_hf(needs_hf, model) + check_modal(sandbox)
+    rows += check_hf(needs_hf, model) + check_modal(sandbox) + check_tracking(report_to)
     table = pd.DataFrame(rows, columns=COLUMNS)
     if show:
         _show(table)

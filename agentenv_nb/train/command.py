@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from agentenv_nb.train.presets import PRESETS
+from agentenv_nb.train.tracking import REPORT_TO, report_to_problem
 
 PROG = "python -m agentenv_nb.train"
 SANDBOXES = ("auto", "process", "modal", "local")
@@ -59,6 +60,8 @@ def parser() -> argparse.ArgumentParser:
                    "trainer, off its GIL; 0: a thread (%(default)s)")
     p.add_argument("--env-url", action="append", metavar="URL", help="play envs served elsewhere (python -m "
                    "agentenv_nb.serve on an env host) instead of serving here; repeat for several servers")
+    p.add_argument("--report-to", default="none", choices=REPORT_TO, help="where the trainer's metrics, the task's "
+                   "scores included, also go: %(choices)s (%(default)s)")
     p.add_argument("--set", action="append", default=[], type=_setting, metavar="KEY=VALUE", dest="overrides",
                    help="a GRPOConfig setting over the preset's, VALUE as JSON (else a string); e.g. "
                         "steps_per_generation=1 where the card has the room; repeatable")
@@ -101,6 +104,8 @@ def warm_start(args) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
+        if problem := report_to_problem(args.report_to):
+            raise UsageError(problem.replace("REPORT_TO=", "--report-to "))
         model_name = warm_start(args)
         serving = None if args.env_url or os.environ.get("RANK", "0") != "0" else where_to_serve(args)
         train(args, model_name, serving)
@@ -171,7 +176,7 @@ def _train(args, model_name: str, serving: tuple | None, config, state) -> None:
                               train_dataset=env.dataset, eval_dataset=env.dataset_for("eval"),
                               environment_factory=env.factory, reward_funcs=env.reward_funcs,
                               callbacks=[env.metrics, *live])
-        fit(trainer)  # resumes from the last checkpoint, and never past --max-steps
+        fit(trainer, report_to=args.report_to)  # resumes from the last checkpoint, and never past --max-steps
         trainer.save_state()  # trainer_state.json, with every log: on the main process only
     except BaseException:
         env.close()

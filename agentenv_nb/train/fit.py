@@ -41,11 +41,11 @@ def load_checkpoint(trainer, checkpoint: str, max_steps: int) -> None:
     trainer._load_optimizer_and_scheduler(checkpoint)
 
 
-def fit(trainer, resume_from_checkpoint: str | None = None) -> dict[str, float]:
+def fit(trainer, resume_from_checkpoint: str | None = None, report_to: str | None = None) -> dict[str, float]:
     """``trainer.train()`` from ``resume_from_checkpoint`` (default: the config's), saying so; a finished run's
     checkpoint is loaded (weights, optimizer, scheduler), not trained again, and the trainer's callbacks see its whole
-    run (the live plot draws it). Score metrics (``ScoreLog``) go first among the callbacks, so every ``report_to``
-    integration logs them too.
+    run (the live plot draws it). ``report_to`` ("tensorboard", "trackio", "wandb") adds transformers' integration
+    (``tracking.track``); score metrics (``ScoreLog``) go first among the callbacks, so every integration logs them.
     A callback that shows its own progress (``shows_progress``, as the notebook's live plot does) replaces
     transformers' progress table.
     Returns the trainable parameter count, the minutes trained and the peak GPU memory (GiB, 0 on a CPU)."""
@@ -53,8 +53,11 @@ def fit(trainer, resume_from_checkpoint: str | None = None) -> dict[str, float]:
     from transformers import TrainerState
 
     from agentenv_nb.client.metrics import ScoreLog
+    from agentenv_nb.train.tracking import track
 
     args = trainer.args
+    if report_to:
+        track(trainer, report_to)
     callbacks = trainer.callback_handler.callbacks
     callbacks.sort(key=lambda callback: not isinstance(callback, ScoreLog))  # stable: the others keep their order
     if any(getattr(callback, "shows_progress", False) for callback in trainer.callback_handler.callbacks):
