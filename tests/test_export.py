@@ -6,6 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from agentenv_nb.notebook.transcript import transcript, try_it
 from agentenv_nb.train import export
 
 
@@ -42,7 +43,6 @@ def test_a_finished_run_exports_the_trained_model_which_reloads_and_plays_a_day(
     from agentenv_nb.train import models, presets
     from agentenv_nb.train.fit import fit
     from agentenv_nb.train.grpo import GRPOTrainer
-    from agentenv_nb.train.rollout import play
 
     bundle = gridsim.write_bundle(tmp_path / "gridsim-tiny", train=2, eval=1)
     out = str(tmp_path / "grpo")
@@ -75,5 +75,26 @@ def test_a_finished_run_exports_the_trained_model_which_reloads_and_plays_a_day(
         with torch.no_grad():
             again.model.eval()
             torch.testing.assert_close(reloaded(**ids).logits, again.model(**ids).logits, rtol=0.02, atol=0.02)
-        [day] = play(reloaded, tokenizer, env.factory, env.dataset_for("eval"), max_new_tokens=64)
+        day = try_it(reloaded, tokenizer, env, day=0, prompt="Plan the battery: charge cheap, sell dear.",
+                     max_new_tokens=64)
         assert day["reward"] is not None and day["messages"][-1]["role"] == "assistant"  # scored by the verifier
+        assert [m["content"] for m in day["messages"] if m["role"] == "user"] == [
+            "Plan the battery: charge cheap, sell dear."]
+        with pytest.raises(ValueError, match=r"day 1: the 'eval' split has 1 tasks, 0 to 0"):
+            try_it(reloaded, tokenizer, env, day=1)
+    shown = transcript(day).to_html()
+    assert "<caption>gridsim-tiny/eval-0000: reward " in shown and str(tmp_path) not in shown
+
+
+def test_a_transcript_reads_as_a_conversation():
+    call = {"type": "function", "function": {"name": "submit_schedule", "arguments": {"schedule": [0, 1, -1]}}}
+    rollout = {"task_id": "@local/root/runs/bundles/gridsim-v1/eval-0007", "reward": None, "tools": [],
+               "tool_calls": 1, "tool_failures": 0, "messages": [
+                   {"role": "user", "content": "Plan the day."}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                   {"role": "tool", "name": "submit_schedule", "content": "ok"},
+                   {"role": "assistant", "content": '<tool_call>\n{"name": "end_turn"</tool_call>'}]}
+    table = transcript(rollout)
+    assert table.data["who"].tolist() == ["user", "assistant", "tool: submit_schedule", "assistant"]
+    assert table.data["message"][1] == "submit_schedule(schedule=[0, 1, -1])"
+    shown = table.to_html()
+    assert "<caption>gridsim-v1/eval-0007: not scored" in shown and "&lt;tool_call&gt;" in shown

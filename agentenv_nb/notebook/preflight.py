@@ -27,6 +27,7 @@ from agentenv_nb.client.agentenv import describe_server
 from agentenv_nb.envs.choice import MODAL
 from agentenv_nb.envs.modal_credentials import MODAL_HOW_TO, find_modal_credentials
 from agentenv_nb.train.presets import PRESETS, gpu_need_gb
+from agentenv_nb.train.export import hub_problem
 from agentenv_nb.train.tracking import report_to_problem
 
 COLUMNS = ["check", "status", "detail", "fix"]
@@ -253,14 +254,25 @@ def check_tracking(report_to: str | None) -> list[dict]:
     return [_row("tracking", "ok", f"metrics and scores also go to {report_to}")]
 
 
+def check_push(repo: str | None) -> list[dict]:
+    """A Hub repo id and a token to push the trained model with, where a push is asked for."""
+    if not repo:
+        return []
+    if problem := hub_problem(repo):
+        return [_row("push to hub", "fail", problem, "fix PUSH_TO_HUB or set HF_TOKEN, then run this cell again")]
+    return [_row("push to hub", "ok", f"the trained model goes to {repo} (private)")]
+
+
 def preflight(preset: str = "24gb", env=None, split: str = "train", tokenizer=None, trainer_args=None,
               needs_hf: bool | None = None, sandbox=None, model: str | None = None, report_to: str | None = None,
+              push_to_hub: str | None = None,
               max_concurrent_envs: int | None = None, requirements: str | Path = REQUIREMENTS,
               strict: bool = False, show: bool = True) -> pd.DataFrame:
     """Run every check that applies and return the table (check, status ok/warn/fail, detail, fix).
 
     ``env`` is an AgentEnv or a server URL; ``trainer_args`` a GRPOConfig; ``sandbox`` a name or a Choice;
-    ``report_to`` a tracking integration (``train.tracking``); ``max_concurrent_envs`` defaults to the env's own (``AgentEnv.max_concurrent_envs``: known for ``local``). ``show`` displays the table in a notebook, elsewhere prints
+    ``report_to`` a tracking integration (``train.tracking``); ``push_to_hub`` a Hub repo (``train.export``);
+    ``max_concurrent_envs`` defaults to the env's own (``AgentEnv.max_concurrent_envs``: known for ``local``). ``show`` displays the table in a notebook, elsewhere prints
     a line per problem; ``strict`` raises PreflightError on any fail.
     """
     if preset not in PRESETS:
@@ -277,7 +289,7 @@ def preflight(preset: str = "24gb", env=None, split: str = "train", tokenizer=No
         rows += check_thinking(trainer_args, tokenizer)
         limit = max_concurrent_envs if max_concurrent_envs is not None else getattr(env, "max_concurrent_envs", None)
         rows += check_capacity(trainer_args, limit, environments)
-    rows += check_hf(needs_hf, model) + check_modal(sandbox) + check_tracking(report_to)
+    rows += check_hf(needs_hf, model) + check_modal(sandbox) + check_tracking(report_to) + check_push(push_to_hub)
     table = pd.DataFrame(rows, columns=COLUMNS)
     if show:
         _show(table)

@@ -109,8 +109,10 @@ def reload(folder: str | Path, preset: str):
     """The exported model loaded as ``preset`` loads a model to play (4-bit on "24gb"), with no adapter and no vLLM
     engine beside the trainer's: returns (model, tokenizer)."""
     import_unsloth()
+    from transformers.utils import logging
     from unsloth import FastLanguageModel
 
+    logging.disable_progress_bar()  # its loading bar is a widget in a notebook, which a saved notebook can't show
     model, tokenizer = FastLanguageModel.from_pretrained(**presets.model_kwargs(preset, str(folder),
                                                                                 fast_inference=False))
     return model, tokenizer
