@@ -65,7 +65,8 @@ def lab(tmp_path_factory):
         port = _free_port()
         server = subprocess.Popen(
             [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
-             f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}"],
+             f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}",
+             "--KernelManager.transport=ipc"],  # as the README starts it: no kernel traffic in plain text over TCP
             cwd=root, stdout=open(root / "lab.log", "w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -199,3 +200,5 @@ def test_the_four_notebooks_as_a_person_sees_them(lab, page):
         assert not [c for c in captions if re.search(r"(^|[\s@])/[\w.-]+/", c)], f"{path.stem}: a path in {captions}"
         assert "Error displaying widget" not in text and not widgets, f"{path.stem} saved a widget"
         assert images, f"{path.stem}: no plot shows once reopened"  # 01's day, 02's loss, 03's live plot, 04's curve
+    log = (root / "lab.log").read_text()  # the server's terminal, where the kernels' own warnings go too
+    assert "Kernel is running over TCP without encryption" not in log and "No such comm" not in log, log[-3000:]
