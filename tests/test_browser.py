@@ -1,8 +1,10 @@
 """What a person sees: the four notebooks run top to bottom in JupyterLab, in a real Chromium (Debian's package, driven
 by Playwright), on the tiny defaults as nbval runs them. It checks the screen while notebook 03 trains (the live plot is
 a widget that changes) and each notebook as saved and reopened with its kernel gone (the plots are plain images):
-every code cell ran, none shows an error, none writes to stderr beyond ``KEPT_STDERR``. Screenshots of each notebook
-are left in the test's temporary folder. nbval runs the same notebooks without a browser (``.ci/run``)."""
+every code cell ran, none shows an error, none writes to stderr beyond ``KEPT_STDERR``. What a person reads is
+checked too: a long eval shows how far it got and the time left while it runs, tables are rounded, no caption names
+a machine's path. Screenshots of each notebook are left in the test's temporary folder. nbval runs the same notebooks
+without a browser (``.ci/run``)."""
 
 import json
 import os
@@ -61,7 +63,8 @@ def lab(tmp_path_factory):
         port = free_port()
         server = subprocess.Popen(
             [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
-             f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}"],
+             f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}",
+             "--KernelManager.transport=ipc"],  # as the README starts it: no kernel traffic in plain text over TCP
             cwd=root, stdout=open(root / "lab.log", "w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -142,6 +145,14 @@ def _scroll_through(page) -> tuple[int, int, str]:
     return images, widgets, text
 
 
+def _progress(page) -> list[str]:
+    """The progress lines of the evals shown now: "played 8 of 32 tasks · 0:05 · about 0:15 left"."""
+    return re.findall(r"played \d+ of \d+ tasks[^\n]*", page.locator(".jp-Notebook").inner_text())
+
+
+LONG_DECIMAL = re.compile(r"(?<![\d.])\d+\.\d{4,}(?![\d.])")  # 0.300946, not 0.301 nor a version like 2026.10.9
+
+
 def _live_image(page) -> str | None:
     images = page.locator(LIVE_PLOT)
     return images.first.get_attribute("src") if images.count() else None
@@ -151,7 +162,8 @@ def test_the_four_notebooks_as_a_person_sees_them(lab, page):
     root, url = lab
     for path in NOTEBOOKS:
         _open(page, url, path.name)
-        watched = _run_all(page, _live_image if path.stem.startswith("03") else None)
+        watch = {"02": _progress, "03": _live_image}.get(path.stem[:2])
+        watched = _run_all(page, watch)
         page.screenshot(path=root / f"{path.stem}-run.png", full_page=True)
         saved = _save_and_close(page, lab, path.name)
 
@@ -164,15 +176,27 @@ def test_the_four_notebooks_as_a_person_sees_them(lab, page):
         noise = [line for line in stderr if not any(re.search(kept, line) for kept in KEPT_STDERR)]
         assert not noise, f"{path.stem} writes to stderr:\n" + "\n".join(noise[:20])
 
+        if path.stem.startswith("02"):  # its evals and self-distillation's rollouts say how far they got
+            seen = {line for lines in watched for line in lines}
+            assert any(" left" in line for line in seen), f"no progress with the time left while 02 played: {seen}"
+            shown = [o.data["text/plain"] for cell in code for o in cell.outputs if "text/plain" in o.get("data", {})]
+            assert any(re.fullmatch(r"played (\d+) of \1 tasks · \d+:\d\d", text) for text in shown), shown
         if path.stem.startswith("03"):
             frames = {src for src in watched if src}
             assert len(frames) >= 2, "the live plot did not render as a widget that changes while training"
-            [train_cell] = [cell for cell in code if "live_plot()" in cell.source]
+            [train_cell] = [cell for cell in code if "live_plot(" in cell.source]
             images = [o for o in train_cell.outputs if "image/png" in o.get("data", {})]
             widgets = [o for o in train_cell.outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
             assert images and not widgets, "the saved notebook keeps a widget, not the final plot as an image"
         _open(page, url, path.name)  # reopened: its kernel is gone, so only what was saved shows
         page.screenshot(path=root / f"{path.stem}-reopened.png", full_page=True)
         images, widgets, text = _scroll_through(page)
+        tables = page.locator(".jp-OutputArea-output table").all_inner_texts()
+        unrounded = [number for table in tables for number in LONG_DECIMAL.findall(table)]
+        assert not unrounded, f"{path.stem} shows unrounded numbers: {unrounded[:5]}"
+        captions = page.locator(".jp-OutputArea-output table caption").all_inner_texts()
+        assert not [c for c in captions if re.search(r"(^|[\s@])/[\w.-]+/", c)], f"{path.stem}: a path in {captions}"
         assert "Error displaying widget" not in text and not widgets, f"{path.stem} saved a widget"
         assert images, f"{path.stem}: no plot shows once reopened"  # 01's day, 02's loss, 03's live plot, 04's curve
+    log = (root / "lab.log").read_text()  # the server's terminal, where the kernels' own warnings go too
+    assert "Kernel is running over TCP without encryption" not in log and "No such comm" not in log, log[-3000:]

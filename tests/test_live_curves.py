@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from agentenv_nb.notebook.curves import QWEN3_4B_GRIDSIM_REFERENCE, eval_curve, find_trainer_state, save_eval_curve
+from agentenv_nb.notebook.curves import (QWEN3_4B_GRIDSIM_REFERENCE, eval_curve, eval_table, find_trainer_state,
+                                         plot_eval_curve, save_eval_curve)
 from agentenv_nb.notebook.live import ConsoleLivePlot, LivePlot, NotebookLivePlot, format_row, live_plot
 from nbclient import NotebookClient
 # transformers after agentenv_nb.notebook.live, which hides a broken torchvision wheel that would break these imports
@@ -70,12 +71,24 @@ def test_console_prints_a_line_per_log_and_keeps_history(capsys):
 
 
 def test_notebook_flavour_draws_every_panel_with_data_and_throttles():
-    live = NotebookLivePlot(min_interval=3600)
+    live = NotebookLivePlot(min_interval=3600, baselines={"idle": 0.2, "greedy": 0.76, "optimum": 1.0})
     drive(live, EVENTS)  # drawn at the first log, then throttled until train end
-    titles = [ax.get_title() for ax in live.figure.axes if ax.get_visible()]
-    assert titles == ["Reward", "Groups with zero reward std", "Tool calls per rollout", "Scores", "Step time (s)"]
-    assert sorted(live.figure.axes[3].get_legend_handles_labels()[1]) == [
-        "eval_scores/gridsim-v1/grade/mean", "scores/gridsim-v1/grade/mean", "scores/gridsim-v1/unscored"]
+    shown = [ax for ax in live.figure.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in shown] == ["Reward", "Groups with zero reward std", "Tool calls per rollout",
+                                                "Scores", "Step time (s)"]
+    assert [ax.get_ylabel() for ax in shown] == ["mean reward", "share of groups", "calls per rollout", "mean score",
+                                                 "seconds"]
+    assert all(ax.xaxis.get_major_locator()._integer for ax in shown)  # whole steps on the axis
+    assert sorted(shown[3].get_legend_handles_labels()[1]) == ["grade", "grade (eval)", "unscored"]
+    assert [t.get_text() for t in shown[0].texts] == ["idle 0.20", "greedy 0.76", "optimum 1.00"]
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(live.figure).get_renderer()
+    for ax in shown:  # a legend sits under its axes, off the data; a panel of one line has none
+        legend = ax.get_legend()
+        if legend is not None:
+            assert legend.get_window_extent(renderer).y1 <= ax.get_window_extent(renderer).y0
+            assert legend.get_texts()[0].get_fontsize() >= 8
     drawn = live._last_draw
     live.on_log(None, TrainerState(global_step=20), None, logs=dict(TRAIN_12))
     assert live._last_draw == drawn and len(live.history) == len(EVENTS) + 1
@@ -167,6 +180,19 @@ def test_eval_curve_falls_back_to_per_env_rewards_and_reference_is_the_seed_tabl
     assert [table[40] for table in QWEN3_4B_GRIDSIM_REFERENCE.values()] == [0.59, 0.61, 0.61, 0.60, 0.57, 0.67]
 
 
+def test_the_table_and_the_curve_leave_out_what_only_repeats_the_reward():
+    df = pd.DataFrame({"step": [0, 4], "eval_reward": [0.300946, 0.0], "eval_rewards/g/mean": [0.300946 + 1e-8, 0.0],
+                       "eval_scores/g/schedule/mean": [0.300946, 1e-9], "eval_scores/g/other/mean": [0.5, 0.25]})
+    table = eval_table(df)
+    assert list(table) == ["step", "eval_reward", "eval_scores/g/other/mean"]
+    assert table["eval_reward"].tolist() == [0.301, 0.0]
+    ax = plot_eval_curve(df).axes[0]
+    labels = ax.get_legend_handles_labels()[1]
+    assert "eval_scores/g/other/mean" in labels and "eval_scores/g/schedule/mean" not in labels
+    assert ax.get_legend().get_title().get_text() == "reference runs: 40 steps, cut at this run's step 4"
+    assert plot_eval_curve(df.assign(step=[0, 40])).axes[0].get_legend().get_title().get_text() == ""
+
+
 def doubler_trainer(out, callbacks=(), resume=False):
     """The Doubler on a 4-step run with evals at the start and the end, resuming as the presets say."""
     from agentenv_nb.train.presets import sft_kwargs
@@ -225,6 +251,19 @@ def test_at_train_end_the_plot_is_left_as_a_plain_image_every_viewer_shows(widge
     assert output["output_type"] == "display_data" and list(output["data"]) == ["image/png", "text/plain"]
     widgets = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
     assert bool(widgets) == widget  # Colab's path never makes one
+
+
+def test_an_eval_before_any_step_shows_its_progress_not_an_empty_figure():
+    live = NotebookLivePlot(widget=False, min_interval=0)
+    state = TrainerState(global_step=0, max_steps=4)
+    live.on_train_begin(None, state, None)
+    assert live.figure.get_size_inches()[1] < 1  # a line, not a blank 480-pixel plot
+    for _ in range(2):
+        live.on_prediction_step(None, state, None, eval_dataloader=[0, 1, 2])
+    assert live.progress.startswith("step 0 of 4 · 0:00 · eval batch 2 of 3 · 0:0") and live.progress.endswith("left")
+    live.on_evaluate(None, state, None)
+    live.on_log(None, state, None, logs={"eval_reward": 0.3})
+    assert "eval" not in live.progress and live.figure.get_size_inches()[1] == 7
 
 
 def test_the_progress_line_counts_steps_and_time_left():

@@ -17,7 +17,9 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 
 def run(command: list, tmp_path, timeout: float = 600) -> subprocess.CompletedProcess:
     """The command as a user starts it, with the env framework's store of episodes kept in ``tmp_path``."""
-    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "TRL_EXPERIMENTAL_SILENCE": "1"}
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "TRL_EXPERIMENTAL_SILENCE": "1",
+           "HF_HOME": str(tmp_path / "hf")}  # no Hugging Face login but HF_TOKEN
+    env.pop("HF_TOKEN", None)
     return subprocess.run([str(part) for part in command], capture_output=True, text=True, env=env, timeout=timeout)
 
 
@@ -26,12 +28,16 @@ def test_help_and_usage_errors_in_one_line(tmp_path):
     shown = run([*TRAIN, "--help"], tmp_path)
     assert shown.returncode == 0 and "torchrun --nproc_per_node N -m agentenv_nb.train" in shown.stdout
     for option in ("--bundle", "--run-dir", "--warm-start", "--preset", "--sandbox", "--max-steps", "--save-steps",
-                   "--max-concurrent-envs", "--server-processes", "--env-url"):
+                   "--max-concurrent-envs", "--server-processes", "--env-url", "--report-to", "--gguf", "--push-to-hub"):
         assert option in shown.stdout
     for args, says in [(["--max-steps", "0"], "--max-steps: '0' is not a whole number of at least 1"),
                        (["--preset", "8gb"], "argument --preset: invalid choice: '8gb'"),
                        (["--run-dir", tmp_path], f"no warm start at {tmp_path}/sft/merged: run notebook 02"),
-                       (["--warm-start", tmp_path, "--bundle", "no-such-bundle"], "no bundle 'no-such-bundle'")]:
+                       (["--warm-start", tmp_path, "--bundle", "no-such-bundle"], "no bundle 'no-such-bundle'"),
+                       (["--report-to", "mlflow"], "argument --report-to: invalid choice: 'mlflow'"),
+                       (["--push-to-hub", "you/model"], "--push-to-hub 'you/model' needs a Hugging Face token with "
+                                                        "write access: set HF_TOKEN"),
+                       (["--push-to-hub", "not a repo"], "--push-to-hub 'not a repo' is not a Hub repo id")]:
         failed = run([*TRAIN, *args], tmp_path)
         assert failed.returncode == 2 and failed.stdout == "", failed.stdout
         assert failed.stderr.count("\n") == 1 and says in failed.stderr and "Traceback" not in failed.stderr
@@ -65,6 +71,8 @@ def test_the_servers_must_hold_every_ranks_sessions(tmp_path):
 
 @pytest.mark.slow
 def test_two_processes_train_once_then_one_resumes(tmp_path):
+    from safetensors.torch import load_file
+
     from agentenv_nb.tasks import gridsim
     from agentenv_nb.train.tiny import build_tiny_model
 
@@ -96,3 +104,8 @@ def test_two_processes_train_once_then_one_resumes(tmp_path):
     evals = [log["step"] for log in logs if "eval_reward" in log]
     assert evals[:2] == [0, 1] and evals[-1] == 2
     assert sorted(path.name for path in grpo.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    assert "GGUF skipped: Unsloth's exporter needs a built llama.cpp" in one.stdout  # none is built here
+    trained = load_file(grpo / "checkpoint-2" / "adapter_model.safetensors")
+    exported = load_file(run_dir / "trained" / "adapter" / "adapter_model.safetensors")
+    assert exported.keys() == trained.keys() and all(exported[k].equal(trained[k]) for k in trained)
+    assert (run_dir / "trained" / "merged" / "model.safetensors").is_file()

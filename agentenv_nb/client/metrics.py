@@ -26,9 +26,9 @@ class ScoreLog(TrainerCallback):
     """Logs the mean of each score the tasks recorded since the last log, ``scores/<bundle>/<step id>/mean``, and
     the fraction of rollouts left unscored, ``scores/<bundle>/unscored``; in an eval's log as ``eval_scores/...``.
 
-    It writes into the log the callbacks after it see (list it before those that read logs, ``callbacks=[env.metrics,
-    live]``), the progress bar and ``trainer.state.log_history``; the ``report_to`` integrations log before any
-    callback passed in, so they don't see the scores."""
+    It writes into the log the callbacks after it see, and ``trainer.state.log_history``. transformers puts the
+    ``report_to`` integrations before any callback passed in; ``agentenv_nb.train.fit`` moves this one first, so
+    TensorBoard, trackio and W&B log the scores too."""
 
     def __init__(self):
         self._pending: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}

@@ -9,6 +9,7 @@ Usage::
     from agentenv_nb.tasks.gridsim import baseline_scores
 
     df = eval_curve("out")                   # output dir, checkpoint dir, trainer_state.json or log_history
+    eval_table(df)                           # rounded, without the columns that repeat eval_reward
     baselines = baseline_scores(eval_days)   # {"idle": ..., "greedy": ..., "optimum": ...}
     plot_eval_curve(df, baselines=baselines)
     png, csv = save_eval_curve(df, "out", baselines=baselines)
@@ -20,9 +21,11 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 QWEN3_4B_GRIDSIM_REFERENCE: dict[str, dict[int, float]] = {
     "Unsloth": {0: 0.55, 20: 0.52, 40: 0.59},
@@ -70,6 +73,16 @@ def eval_curve(source: str | Path | list[dict]) -> pd.DataFrame:
     return df.astype({"step": int})
 
 
+def repeats_reward(df: pd.DataFrame, column: str) -> bool:
+    """Whether ``column`` is ``eval_reward`` again (a task with one score, or one env), to float rounding."""
+    return column != "eval_reward" and np.allclose(df[column], df["eval_reward"], rtol=0, atol=1e-6, equal_nan=True)
+
+
+def eval_table(df: pd.DataFrame, decimals: int = 3) -> pd.DataFrame:
+    """``df`` as a person reads it: rounded, and without the columns that only repeat ``eval_reward``."""
+    return df.drop(columns=[c for c in df.columns if c != "step" and repeats_reward(df, c)]).round(decimals)
+
+
 def plot_eval_curve(df: pd.DataFrame, baselines: dict[str, float] | None = None,
                     reference: dict[str, dict[int, float]] | None = QWEN3_4B_GRIDSIM_REFERENCE,
                     ax: Axes | None = None, title: str = "Eval reward by step") -> Figure:
@@ -88,16 +101,21 @@ def plot_eval_curve(df: pd.DataFrame, baselines: dict[str, float] | None = None,
         ax.axhline(value, color="grey", linewidth=1, linestyle=":")
         ax.annotate(f"{name} {value:.2f}", (1, value), xycoords=("axes fraction", "data"), ha="right",
                     va="bottom", fontsize=8, color="grey")
-    # A score identical to the reward (a task with one score) would hide the run's own line under it
-    scores = [c for c in df.columns if c.startswith("eval_scores/") and not df[c].equals(df["eval_reward"])]
+    # A score that repeats the reward (a task with one score) would hide under the run's own line
+    scores = [c for c in df.columns if c.startswith("eval_scores/") and not repeats_reward(df, c)]
     for col in scores:
         ax.plot(df["step"], df[col], marker="o", linewidth=1, label=col)
     ax.plot(df["step"], df["eval_reward"], marker="o", color="black", linewidth=2.5, zorder=3, label="eval_reward")
+    cut = None
     if len(df) and reference:  # the reference runs 40 steps: a shorter run gets the width, they are cut at its end
         last = max(int(df["step"].max()), 1)
         ax.set_xlim(-0.05 * last, 1.05 * last)
+        longest = max(max(by_step) for by_step in reference.values())
+        cut = f"reference runs: {longest} steps, cut at this run's step {last}" if last < longest else None
     ax.set(xlabel="GRPO step", ylabel="eval reward", title=title)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the axes, off the data
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), title=cut,
+              title_fontsize=8)  # beside the axes, off the data
     return ax.figure
 
 

@@ -36,7 +36,7 @@ import time
 
 import pandas as pd
 
-from agentenv_nb.train.progress import ConsoleLivePlot, LivePlot, format_row  # noqa: F401  (format_row: this module's API)
+from agentenv_nb.train.progress import ConsoleLivePlot, LivePlot, clock, format_row  # noqa: F401  (format_row: this module's API)
 from transformers.utils.import_utils import is_in_notebook  # after progress, which hides a broken torchvision
 
 
@@ -45,22 +45,27 @@ class NotebookLivePlot(LivePlot):
     ``ipywidgets.Output`` where widgets render (``widget=True``, the default but on Colab), else in a display handle.
     At the end the figure replaces both as a plain PNG output, which every viewer shows."""
 
-    PANELS = [
-        ("Reward", ["reward", "eval_reward"]),
-        ("Groups with zero reward std", ["frac_reward_zero_std"]),
-        ("Tool calls per rollout", ["tools/call_frequency", "tools/failure_frequency"]),
-        ("Scores", []),  # ScoreLog's scores/<bundle>/<id>/mean and scores/<bundle>/unscored, and eval_ copies
-        ("Step time (s)", ["step_time"]),
-        ("GPU memory, peak (GiB)", ["gpu_allocated_gib", "gpu_reserved_gib"]),
+    PANELS = [  # (title, y label, columns)
+        ("Reward", "mean reward", ["reward", "eval_reward"]),
+        ("Groups with zero reward std", "share of groups", ["frac_reward_zero_std"]),
+        ("Tool calls per rollout", "calls per rollout", ["tools/call_frequency", "tools/failure_frequency"]),
+        ("Scores", "mean score", []),  # ScoreLog's scores/<bundle>/<id>/mean and scores/<bundle>/unscored, eval_ too
+        ("Step time (s)", "seconds", ["step_time"]),
+        ("GPU memory, peak (GiB)", "GiB", ["gpu_allocated_gib", "gpu_reserved_gib"]),
     ]
-    UNREWARDED = [("Training loss", ["loss"]), ("Token accuracy", ["mean_token_accuracy"])]  # SFT's logs
+    UNREWARDED = [("Training loss", "loss", ["loss"]), ("Token accuracy", "accuracy", ["mean_token_accuracy"])]  # SFT
+    LABELS = {"reward": "train, ± std", "eval_reward": "eval", "tools/call_frequency": "calls",
+              "tools/failure_frequency": "failed calls", "gpu_allocated_gib": "allocated",
+              "gpu_reserved_gib": "reserved"}
     shows_progress = True  # agentenv_nb.train.fit leaves transformers' own progress table out
 
-    def __init__(self, min_interval: float = 1.0, width: float = 12.0, widget: bool | None = None):
+    def __init__(self, min_interval: float = 1.0, width: float = 12.0, widget: bool | None = None,
+                 baselines: dict[str, float] | None = None):
         from matplotlib.figure import Figure
 
         super().__init__()
-        self.min_interval = min_interval
+        self.min_interval, self.width = min_interval, width
+        self.baselines = baselines or {}  # drawn across the Reward panel, e.g. gridsim.baseline_scores(eval days)
         if widget is None:
             widget = importlib.util.find_spec("ipywidgets") is not None and not in_colab()
         if widget:
@@ -70,12 +75,13 @@ class NotebookLivePlot(LivePlot):
 
         datasets.disable_progress_bars()
         self.output = ipywidgets.Output() if widget else None
-        self.figure = Figure(figsize=(width, 6))
+        self.figure = Figure(figsize=(width, 7))
         self._panels_drawn, self._lines, self._band = None, {}, None
         self._handle = None
         self._last_draw = -math.inf
         self.progress = ""
         self._clock: tuple[float, int] | None = None  # (start time, first step) of this train() call
+        self._steps = ""  # the progress line's step part, to which a running eval's is added
 
     def on_train_begin(self, args, state, control, **kwargs):
         super().on_train_begin(args, state, control, **kwargs)
@@ -92,6 +98,12 @@ class NotebookLivePlot(LivePlot):
         self.draw(final=True)
 
     def show(self, row):
+        self.progress = self._steps
+        if time.monotonic() - self._last_draw >= self.min_interval:
+            self.draw()
+
+    def show_eval(self):
+        self.progress = f"{self._steps} · {self.evaluating}" if self._steps else self.evaluating
         if time.monotonic() - self._last_draw >= self.min_interval:
             self.draw()
 
@@ -99,35 +111,55 @@ class NotebookLivePlot(LivePlot):
         """The progress line: step of max_steps, time so far and, from the steps this call trained, time left."""
         start, first = self._clock or (time.monotonic(), state.global_step)
         elapsed, done = time.monotonic() - start, state.global_step - first
-        line = f"step {state.global_step} of {state.max_steps} · {_clock(elapsed)}"
+        line = f"step {state.global_step} of {state.max_steps} · {clock(elapsed)}"
         if 0 < done and state.global_step < state.max_steps:
-            line += f" · about {_clock(elapsed / done * (state.max_steps - state.global_step))} left"
-        self.progress = line
+            line += f" · about {clock(elapsed / done * (state.max_steps - state.global_step))} left"
+        self.progress = self._steps = line
 
-    def _panels(self, df: pd.DataFrame) -> list[tuple[str, list[str]]]:
+    def _panels(self, df: pd.DataFrame) -> list[tuple[str, str, list[str]]]:
         """The panels that have data, each with its columns that have data."""
         scores = [c for c in df.columns if c.startswith(("scores/", "eval_scores/"))
                   and c.endswith(("/mean", "/unscored"))]
-        rewarded = "reward" in df and df["reward"].notna().any()
-        panels = [(title, cols or scores) for title, cols in (self.PANELS if rewarded else self.UNREWARDED)]
-        return [(t, [c for c in cols if c in df and df[c].notna().any()]) for t, cols in panels
+        rewarded = any(c in df and df[c].notna().any() for c in ("reward", "eval_reward"))
+        panels = [(title, y, cols or scores) for title, y, cols in (self.PANELS if rewarded else self.UNREWARDED)]
+        return [(t, y, [c for c in cols if c in df and df[c].notna().any()]) for t, y, cols in panels
                 if any(c in df and df[c].notna().any() for c in cols)]
 
-    def _build(self, panels: list[tuple[str, list[str]]]) -> None:
-        """One axes per panel, an empty line per column: redone only when the panels change, as axes are slow."""
+    def label(self, column: str) -> str:
+        """A legend entry a person reads: "eval", "calls", "<score id>", "<score id> (eval)", "unscored"."""
+        if column in self.LABELS:
+            return self.LABELS[column]
+        if column.startswith(("scores/", "eval_scores/")):
+            name = column.split("/")[-2] if column.endswith("/mean") else "unscored"
+            return f"{name} (eval)" if column.startswith("eval_") else name
+        return column
+
+    def _build(self, panels: list[tuple[str, str, list[str]]]) -> None:
+        """One axes per panel, an empty line per column: redone only when the panels change, as axes are slow. With
+        nothing to plot yet (the eval before the first step) the figure is only its progress line."""
+        from matplotlib.ticker import MaxNLocator
+
         self.figure.clear()
+        self.figure.set_size_inches(self.width, 7 if panels else 0.45)
         self._panels_drawn, self._lines, self._band = panels, {}, None
         if not panels:
             return
         axes = self.figure.subplots(2, math.ceil(len(panels) / 2), squeeze=False, gridspec_kw=dict(
-            left=0.05, right=0.98, bottom=0.09, top=0.89, hspace=0.5, wspace=0.2)).flat
-        for (title, cols), ax in zip(panels, axes):
+            left=0.06, right=0.98, bottom=0.17, top=0.9, hspace=0.8, wspace=0.28)).flat
+        for (title, ylabel, cols), ax in zip(panels, axes):
             for col in cols:
-                label = "reward ± reward_std" if col == "reward" else col
-                (self._lines[col],) = ax.plot([], [], marker="o" if col.startswith("eval_") else ".", label=label)
+                (self._lines[col],) = ax.plot([], [], marker="o" if col.startswith("eval_") else ".",
+                                              label=self.label(col))
+            if title == "Reward":
+                for name, value in self.baselines.items():
+                    ax.axhline(value, color="grey", linewidth=1, linestyle=":")
+                    ax.annotate(f"{name} {value:.2f}", (1, value), xycoords=("axes fraction", "data"), ha="right",
+                                va="bottom", fontsize=8, color="grey")
             ax.set_title(title, fontsize=10)
-            ax.set_xlabel("step")
-            ax.legend(fontsize=7, loc="best")
+            ax.set(xlabel="step", ylabel=ylabel)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+            if len(cols) > 1:  # under the axes, off the data
+                ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=2, frameon=False)
         for ax in axes:  # the unused cell of an odd number of panels
             ax.set_visible(False)
 
@@ -149,7 +181,8 @@ class NotebookLivePlot(LivePlot):
                                                   color=reward.get_color())
         for line in self._lines.values():
             line.axes.autoscale_view()
-        self.figure.suptitle(self.progress, x=0.05, ha="left", fontsize=11)
+        self.figure.suptitle(self.progress, x=0.05 if panels else 0.01, y=0.98 if panels else 0.75, ha="left",
+                             fontsize=11)
         png = io.BytesIO()
         self.figure.savefig(png, format="png", dpi=80)
         self._show(png.getvalue(), final)
@@ -172,11 +205,6 @@ class NotebookLivePlot(LivePlot):
         with self.output:
             self.output.clear_output(wait=True)
             display(image)
-
-
-def _clock(seconds: float) -> str:
-    minutes, seconds = divmod(round(seconds), 60)
-    return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}" if minutes >= 60 else f"{minutes}:{seconds:02d}"
 
 
 def in_colab() -> bool:

@@ -26,7 +26,9 @@ import pandas as pd
 from agentenv_nb.client.agentenv import describe_server
 from agentenv_nb.envs.choice import MODAL
 from agentenv_nb.envs.modal_credentials import MODAL_HOW_TO, find_modal_credentials
+from agentenv_nb.train.export import hub_problem
 from agentenv_nb.train.presets import Preset, gpu_need_gb, named
+from agentenv_nb.train.tracking import report_to_problem
 
 COLUMNS = ["check", "status", "detail", "fix"]
 THINKING_BUDGET = 6144  # the recipe page: Qwen3-4B's thinking on a GridSim day ran past 6,144 tokens before any tool call
@@ -243,13 +245,33 @@ def check_modal(sandbox) -> list[dict]:
     return [_row("modal", "fail", "no Modal credentials, and the envs deploy on Modal", MODAL_HOW_TO)]
 
 
+def check_tracking(report_to: str | None) -> list[dict]:
+    """The ``report_to`` integration's package, where one is asked for."""
+    if report_to in (None, "none"):
+        return []
+    if problem := report_to_problem(report_to):
+        return [_row("tracking", "fail", problem, "pip install it and restart the kernel, or set REPORT_TO='none'")]
+    return [_row("tracking", "ok", f"metrics and scores also go to {report_to}")]
+
+
+def check_push(repo: str | None) -> list[dict]:
+    """A Hub repo id and a token to push the trained model with, where a push is asked for."""
+    if not repo:
+        return []
+    if problem := hub_problem(repo):
+        return [_row("push to hub", "fail", problem, "fix PUSH_TO_HUB or set HF_TOKEN, then run this cell again")]
+    return [_row("push to hub", "ok", f"the trained model goes to {repo} (private)")]
+
+
 def preflight(preset: Preset | str = "24gb", env=None, split: str = "train", tokenizer=None, trainer_args=None,
-              needs_hf: bool | None = None, sandbox=None, model: str | None = None,
+              needs_hf: bool | None = None, sandbox=None, model: str | None = None, report_to: str | None = None,
+              push_to_hub: str | None = None,
               max_concurrent_envs: int | None = None, requirements: str | Path = REQUIREMENTS,
               strict: bool = False, show: bool = True) -> pd.DataFrame:
     """Run every check that applies and return the table (check, status ok/warn/fail, detail, fix).
 
     ``env`` is an AgentEnv or a server URL; ``trainer_args`` a GRPOConfig; ``sandbox`` a name or a Choice;
+    ``report_to`` a tracking integration (``train.tracking``); ``push_to_hub`` a Hub repo (``train.export``);
     ``max_concurrent_envs`` defaults to the env's own (``AgentEnv.max_concurrent_envs``: known for ``local``).
     ``show`` displays the table in a notebook, elsewhere prints a line per problem; ``strict`` raises PreflightError
     on any fail.
@@ -267,7 +289,7 @@ def preflight(preset: Preset | str = "24gb", env=None, split: str = "train", tok
         rows += check_thinking(trainer_args, tokenizer)
         limit = max_concurrent_envs if max_concurrent_envs is not None else getattr(env, "max_concurrent_envs", None)
         rows += check_capacity(trainer_args, limit, environments)
-    rows += check_hf(needs_hf, model) + check_modal(sandbox)
+    rows += check_hf(needs_hf, model) + check_modal(sandbox) + check_tracking(report_to) + check_push(push_to_hub)
     table = pd.DataFrame(rows, columns=COLUMNS)
     if show:
         _show(table)

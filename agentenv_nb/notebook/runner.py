@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import time
 from pathlib import Path
 
 import nbformat
+from jupyter_client import KernelManager
 from nbclient import NotebookClient
 
 from agentenv_nb.notebook.params import use_tiny_defaults
@@ -30,14 +32,19 @@ def run_notebooks(out: Path, timeout: int = 900, tiny: bool = True) -> dict[str,
     if tiny:
         use_tiny_defaults(out.resolve() / "run")
     os.environ.setdefault("MPLBACKEND", "Agg")
-    seconds = {}
+    seconds, sockets = {}, tempfile.TemporaryDirectory(prefix="agentenv_nb-kernels-")
     for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
         notebook = nbformat.read(path, as_version=4)
         start = time.perf_counter()
+        # The kernel over IPC sockets in a private folder: over TCP (jupyter_client's default) its traffic is plain
+        # text on a port anyone on the machine can listen to, and ipykernel warns so at each start
+        kernel = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets.name) / path.stem))
         try:
-            NotebookClient(notebook, timeout=timeout, kernel_name="python3",
+            NotebookClient(notebook, km=kernel, timeout=timeout,
                            resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
         finally:
+            if kernel.has_kernel:
+                kernel.shutdown_kernel()
             seconds[path.stem] = time.perf_counter() - start
             nbformat.write(notebook, out / path.name)
         print(f"{path.stem}: {seconds[path.stem]:.1f} s", flush=True)

@@ -22,8 +22,10 @@ import re
 import sys
 from pathlib import Path
 
+from agentenv_nb.train.export import hub_problem
 from agentenv_nb.train.presets import PRESETS
 from agentenv_nb.train.run import SANDBOXES, GRPORun
+from agentenv_nb.train.tracking import REPORT_TO, report_to_problem
 
 PROG = "python -m agentenv_nb.train"
 
@@ -56,6 +58,9 @@ def parser() -> argparse.ArgumentParser:
     _option(p, "server_processes", type=_counting)  # rank 0's, for every rank
     p.add_argument("--env-url", action="append", metavar="URL", help="play envs served elsewhere (python -m "
                    "agentenv_nb.serve on an env host) instead of serving here; repeat for several servers")
+    _option(p, "report_to", choices=REPORT_TO)
+    _option(p, "gguf", metavar="QUANT")  # beside the adapter and the merged model in RUN_DIR/trained
+    _option(p, "push_to_hub", metavar="OWNER/NAME")
     p.add_argument("--set", action="append", default=[], type=_setting, metavar="KEY=VALUE", dest="overrides",
                    help="a GRPOConfig setting over the preset's, VALUE as JSON (else a string); e.g. "
                         "steps_per_generation=1 where the card has the room; repeatable")
@@ -106,6 +111,11 @@ def warm_start(args) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
+        if problem := report_to_problem(args.report_to):
+            raise UsageError(problem.replace("REPORT_TO=", "--report-to "))
+        if problem := hub_problem(args.push_to_hub):
+            raise UsageError(problem.replace("PUSH_TO_HUB=", "--push-to-hub ").replace("leave PUSH_TO_HUB empty",
+                                                                                   "leave --push-to-hub out"))
         model_name = warm_start(args)
         serving = None if args.env_url or os.environ.get("RANK", "0") != "0" else where_to_serve(args)
         train(args, model_name, serving)
@@ -130,7 +140,8 @@ def where_to_serve(args) -> tuple:
 
 
 def train(args, model_name: str, serving: tuple | None) -> None:
-    """Notebook 03's cells on this rank: configure, serve (rank 0) or connect, load, train, save the state."""
+    """Notebook 03's cells on this rank: configure, serve (rank 0) or connect, load, train, save the state, and
+    (rank 0) export the trained model."""
     from agentenv_nb.stack import import_unsloth
 
     import_unsloth()  # first, so Unsloth patches transformers and TRL before anything uses them
@@ -150,6 +161,7 @@ def train(args, model_name: str, serving: tuple | None) -> None:
 
 def _train(args, model_name: str, serving: tuple | None, config, state) -> None:
     from agentenv_nb.train import models, presets
+    from agentenv_nb.train.export import export_model
     from agentenv_nb.train.grpo import GRPOTrainer
     from agentenv_nb.train.fit import fit
     from agentenv_nb.train.progress import ConsoleLivePlot
@@ -176,8 +188,11 @@ def _train(args, model_name: str, serving: tuple | None, config, state) -> None:
                               train_dataset=env.dataset, eval_dataset=env.dataset_for("eval"),
                               environment_factory=env.factory, reward_funcs=env.reward_funcs,
                               callbacks=[env.metrics, *live])
-        fit(trainer)  # resumes from the last checkpoint, and never past --max-steps
+        fit(trainer, report_to=args.report_to)  # resumes from the last checkpoint, and never past --max-steps
         trainer.save_state()  # trainer_state.json, with every log: on the main process only
+        if state.is_main_process:
+            export_model(trainer.model, tokenizer, f"{args.run_dir}/trained", gguf=args.gguf,
+                         push_to_hub=args.push_to_hub)
     except BaseException:
         env.close()
         raise

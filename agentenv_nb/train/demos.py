@@ -5,7 +5,6 @@ self-distillation's best rollouts, each a real conversation of tool calls and to
     train_set = sft_dataset(d for d in demos if d["reward"] == 1.0)
     # self-distillation, as in agent-lightning's "Fine-tune with Unsloth SFT" recipe (microsoft/agent-lightning, examples/unsloth): play the model, keep the top half by reward, fine-tune, repeat
     rollouts, kept = self_distill_round(model, tokenizer, env, "cpu-tiny", "runs/distill-0")
-    transcript(rollouts[0])                                    # a table of the conversation
 """
 
 from __future__ import annotations
@@ -13,14 +12,9 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
-
 from agentenv_nb.tasks.gridsim import battery
 from agentenv_nb.train import presets
 from agentenv_nb.train.rollout import Rollout, call_tools, environment_for, play, tool_methods
-
-if TYPE_CHECKING:
-    from pandas.io.formats.style import Styler
 
 DONE = "I submitted the day's schedule."
 
@@ -88,21 +82,6 @@ def top_fraction(rollouts: Iterable[Rollout], fraction: float, seed: int = 0, ab
     kept = scored[:max(1, int(len(scored) * fraction))]
     rng.shuffle(kept)
     return kept
-
-
-def transcript(rollout: Rollout, width: int = 160) -> Styler:
-    """A rollout as a table a person reads: one row a message (role, and its text or tool call, cut at ``width``)."""
-    import pandas as pd
-
-    def text(message):
-        calls = [f"{c['function']['name']}({json.dumps(c['function']['arguments'])})"
-                 for c in message.get("tool_calls") or []]
-        whole = " ".join([message.get("content") or "", *calls]).strip()
-        return whole if len(whole) <= width else whole[:width - 1] + "…"
-
-    table = pd.DataFrame([{"role": m["role"], "message": text(m)} for m in rollout["messages"]])
-    return table.style.set_caption(f"{rollout['task_id']}: reward {rollout['reward']}").set_properties(
-        **{"text-align": "left", "white-space": "pre-wrap"})
 
 
 def sft_dataset(rollouts: Iterable[Rollout]):

@@ -1,8 +1,9 @@
 """The live view's shared base: each log event of a trainer as a row of ``.history``, and its console flavour.
 
-``LivePlot`` records rows (reward fallbacks, step time, GPU memory) and leaves showing them to a flavour;
-``ConsoleLivePlot`` prints a compact line a row (``format_row``), for scripts and CI logs, as the training command does
-on its main process. The notebook flavour, and ``live_plot()`` which picks one, are in ``agentenv_nb.notebook.live``.
+``LivePlot`` records rows (reward fallbacks, step time, GPU memory) and how far an eval has got, and leaves showing
+them to a flavour; ``ConsoleLivePlot`` prints a compact line a row (``format_row``), for scripts and CI logs, as the
+training command does on its main process. The notebook flavour, and ``live_plot()`` which picks one, are in
+``agentenv_nb.notebook.live``. ``Progress`` is the line a long loop outside a trainer shows (``rollout.play``).
 
     from agentenv_nb.train.progress import ConsoleLivePlot
 
@@ -25,8 +26,55 @@ from agentenv_nb.stack import hide_broken_torchvision
 
 hide_broken_torchvision()  # else a broken torchvision wheel breaks the import of TrainerCallback (see stack.py)
 from transformers import TrainerCallback  # noqa: E402
+from transformers.utils.import_utils import is_in_notebook  # noqa: E402
 
 _GIB = 2**30
+
+
+def clock(seconds: float) -> str:
+    """Seconds as a clock reads: "0:42", "12:05", "1:02:05"."""
+    minutes, seconds = divmod(round(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}" if minutes >= 60 else f"{minutes}:{seconds:02d}"
+
+
+def done_line(what: str, done: int, total: int, elapsed: float) -> str:
+    """"<what> 4 of 8 · 0:05 · about 0:05 left": the time left from the pace so far, once something is done."""
+    line = f"{what} {done} of {total} · {clock(elapsed)}"
+    if 0 < done < total:
+        line += f" · about {clock(elapsed / done * (total - done))} left"
+    return line
+
+
+class Progress:
+    """One line of done/total, time so far and time left, for a loop outside a trainer. In a notebook it is updated in
+    place (a display handle, so the saved notebook keeps its last state); elsewhere printed at most every ``every``
+    seconds, and at the end.
+
+        progress = Progress("played", len(rows), "days")
+        for done in ...: progress.update(done)      # "played 8 of 50 days · 0:42 · about 3:40 left"
+    """
+
+    def __init__(self, what: str, total: int, unit: str = "", every: float = 10.0):
+        self.what, self.total, self.unit, self.every = what, total, unit, every
+        self.start, self._printed, self._handle = time.monotonic(), -math.inf, None
+        self.notebook = is_in_notebook()
+
+    def line(self, done: int) -> str:
+        line = done_line(self.what, done, self.total, time.monotonic() - self.start)
+        return line.replace(f" of {self.total} ", f" of {self.total} {self.unit} ") if self.unit else line
+
+    def update(self, done: int) -> None:
+        text = {"text/plain": self.line(done)}
+        if self.notebook:
+            from IPython.display import display
+
+            if self._handle is None:
+                self._handle = display(text, raw=True, display_id=True)
+            else:
+                self._handle.update(text, raw=True)
+        elif done >= self.total or time.monotonic() - self._printed >= self.every:
+            print(text["text/plain"], flush=True)
+            self._printed = time.monotonic()
 
 
 def _numbers(logs: dict) -> dict[str, float]:
@@ -51,6 +99,8 @@ class LivePlot(TrainerCallback):
         self.records: list[dict[str, float]] = []
         self._step_start: float | None = None
         self._step_times: list[float] = []
+        self.evaluating = ""  # "eval batch 2 of 7 · 0:40 · about 1:40 left" while an eval runs, else ""
+        self._eval: tuple[float, int] | None = None  # (start time, batches done) of the eval running
 
     @property
     def history(self) -> pd.DataFrame:
@@ -81,6 +131,16 @@ class LivePlot(TrainerCallback):
         row = self.record(state.global_step, logs or {})
         self.show(row)
 
+    def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
+        start, done = self._eval or (time.monotonic(), 0)
+        self._eval = (start, done + 1)
+        total = len(eval_dataloader) if eval_dataloader is not None and hasattr(eval_dataloader, "__len__") else 0
+        self.evaluating = done_line("eval batch", done + 1, max(total, done + 1), time.monotonic() - start)
+        self.show_eval()
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._eval, self.evaluating = None, ""
+
     def record(self, step: int, logs: dict) -> dict[str, float]:
         """Turn one log dict into a history row and keep it."""
         row = {"step": step, **_numbers(logs)}
@@ -100,6 +160,9 @@ class LivePlot(TrainerCallback):
 
     def show(self, row: dict[str, float]) -> None:
         """Display one new row; the flavours override this."""
+
+    def show_eval(self) -> None:
+        """Display how far the running eval has got (``evaluating``); the flavours override this."""
 
 
 def format_row(row: dict[str, float]) -> str:
@@ -133,3 +196,6 @@ class ConsoleLivePlot(LivePlot):
 
     def show(self, row):
         print(format_row(row), flush=True)
+
+    def show_eval(self):
+        print(self.evaluating, flush=True)

@@ -42,10 +42,13 @@ _POOLS: dict[type, list[Any]] = {}
 
 def play(model: Any, tokenizer: Any, factory: Callable | dict[str, Callable], rows: Iterable[dict], *,
          max_tool_calling_iterations: int = 2, max_new_tokens: int = 256, temperature: float = 0.0,
-         batch_size: int = 8, chat_template_kwargs: dict | None = None) -> list[Rollout]:
-    """Play every row's task with ``model``, ``batch_size`` rollouts at a time (greedy at temperature 0)."""
+         batch_size: int = 8, chat_template_kwargs: dict | None = None, progress: bool = True) -> list[Rollout]:
+    """Play every row's task with ``model``, ``batch_size`` rollouts at a time (greedy at temperature 0), showing
+    how many are done and the time left (``progress``)."""
     import_unsloth()  # before trl, so Unsloth patches it first
     from trl.chat_template_utils import add_response_schema, get_training_chat_template
+
+    from agentenv_nb.train.progress import Progress
 
     tokenizer = tokenizer if getattr(tokenizer, "response_schema", None) else add_response_schema(tokenizer)
     # Rendered as TRL's trainers render a conversation (its prefix-preserving training template, where it has one),
@@ -53,14 +56,19 @@ def play(model: Any, tokenizer: Any, factory: Callable | dict[str, Callable], ro
     template_kwargs = {"enable_thinking": False, "chat_template": get_training_chat_template(tokenizer),
                        **(chat_template_kwargs or {})}
     rows, rollouts, training = list(rows), [], model.training
+    shown = Progress("played", len(rows), "tasks") if progress and len(rows) > 1 else None
     model.eval()  # generation with the KV cache, which gradient checkpointing turns off while training
     try:
+        if shown:
+            shown.update(0)
         for start in range(0, len(rows), batch_size):
             batch = rows[start:start + batch_size]
             classes = [factory[row["environment"]] if isinstance(factory, dict) else factory for row in batch]
             environments = [environment_for(cls, classes[:i].count(cls)) for i, cls in enumerate(classes)]
             rollouts += _play_batch(model, tokenizer, environments, batch, max_tool_calling_iterations,
                                     dict(max_new_tokens=max_new_tokens, temperature=temperature), template_kwargs)
+            if shown:
+                shown.update(len(rollouts))
     finally:
         model.train(training)
     return rollouts

@@ -36,6 +36,13 @@ class GRPORun:
     max_concurrent_envs: int = _parameter(64, "sessions the env servers hold: a step's 32 rollouts and an eval "
                                               "batch's 32")
     server_processes: int = _parameter(8, "env servers beside the trainer, off its GIL; 0: a thread of this process")
+    report_to: str = _parameter("none", "also log to 'tensorboard', 'trackio' or 'wandb': reward and every score, by "
+                                        "step")
+    gguf: str = _parameter("q8_0", "the GGUF export's quantization, where llama.cpp is built; '' for none")
+    push_to_hub: str = _parameter("", "a Hub repo (you/qwen3-4b-gridsim) for the trained model, private; needs "
+                                      "HF_TOKEN")
+    try_day: int = _parameter(0, "the eval day notebook 03's \"Try it\" plays")
+    try_prompt: str = _parameter("", "your own words for that day, in place of the task's prompt")
 
     def parameters(self) -> dict:
         """The parameters under the notebook's names: {"BUNDLE": ..., "MAX_STEPS": ...}."""

@@ -1,0 +1,64 @@
+"""A played task as a person reads it, and "try it": play any day (or your own words for it) with a model.
+
+    rollout = try_it(model, tokenizer, env, day=3)                     # eval day 3, greedy
+    rollout = try_it(model, tokenizer, env, day=3, prompt="Plan today's battery: charge cheap, sell dear.")
+    transcript(rollout)                                               # who said what; tool calls as calls
+
+The env still plays the day (its tools answer with that day's data) and its verifier scores what the model did.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from agentenv_nb.train.rollout import Rollout, play
+
+if TYPE_CHECKING:
+    from pandas.io.formats.style import Styler
+
+
+def task_name(task_id: str) -> str:
+    """A task's name without the folder its bundle was served from: "gridsim-tiny/eval-0000"."""
+    return "/".join(task_id.split("/")[-2:])
+
+
+def _call(call: dict) -> str:
+    arguments = call["function"].get("arguments") or {}
+    if isinstance(arguments, str):
+        return f"{call['function']['name']}({arguments})"
+    return f"{call['function']['name']}(" + ", ".join(f"{k}={json.dumps(v)}" for k, v in arguments.items()) + ")"
+
+
+def transcript(rollout: Rollout, limit: int = 1200) -> Styler:
+    """A table a person reads, a row a message: who (system, user, assistant, or the tool that answered) and what,
+    tool calls written as calls, text wrapped between words and cut at ``limit`` characters; its caption the task and
+    the verifier's score."""
+    import pandas as pd
+
+    def text(message):
+        whole = "\n".join(part for part in [(message.get("content") or "").strip(),
+                                            *map(_call, message.get("tool_calls") or [])] if part)
+        return whole if len(whole) <= limit else whole[:limit - 1] + "…"
+
+    who = [f"tool: {m['name']}" if m["role"] == "tool" and m.get("name") else m["role"] for m in rollout["messages"]]
+    table = pd.DataFrame({"who": who, "message": [text(m) for m in rollout["messages"]]})
+    score = rollout["reward"]
+    said = f"reward {score:.2f}" if score is not None else "not scored (the episode ended without a score)"
+    return (table.style.hide(axis="index").format(escape="html")
+            .set_caption(f"{task_name(rollout['task_id'])}: {said}")
+            .set_properties(**{"text-align": "left", "white-space": "pre-wrap", "vertical-align": "top"}))
+
+
+def try_it(model, tokenizer, env, day: int = 0, prompt: str = "", split: str = "eval", **play_kwargs) -> Rollout:
+    """Play day ``day`` of ``split`` with ``model`` (greedy unless ``temperature=`` says otherwise); ``prompt`` in
+    place of the task's own user message, when given."""
+    rows = env.dataset_for(split)
+    if not 0 <= day < len(rows):
+        raise ValueError(f"day {day}: the {split!r} split has {len(rows)} tasks, 0 to {len(rows) - 1}")
+    row = dict(rows[day])
+    if prompt:
+        asked = row["prompt"][:-1] if row["prompt"] and row["prompt"][-1]["role"] == "user" else row["prompt"]
+        row["prompt"] = [*asked, {"role": "user", "content": prompt}]
+    [rollout] = play(model, tokenizer, env.factory, [row], **play_kwargs)
+    return rollout

@@ -1,0 +1,118 @@
+"""The trained model out of the notebook: its LoRA adapter, the merged 16-bit model (which transformers, vLLM or
+Unsloth load), a GGUF (llama.cpp, Ollama, LM Studio) where Unsloth's exporter can run, and a push to the Hugging Face
+Hub; then reloaded, to play it as a user would.
+
+    hub_problem("you/qwen3-4b-gridsim")       # None, or one line: no token, or not a repo id (check it first)
+    saved = export_model(model, tokenizer, "runs/gridsim/trained", gguf="q8_0", push_to_hub="you/qwen3-4b-gridsim")
+    model, tokenizer = reload(saved["merged"], "24gb")
+
+Unsloth's GGUF exporter converts with llama.cpp, which it would download and build when it isn't there
+(``~/.unsloth/llama.cpp``, or ``UNSLOTH_LLAMA_CPP_PATH``); here nothing is downloaded at run time: without a built
+llama.cpp the GGUF is skipped, saying so. https://docs.unsloth.ai/basics/running-and-saving-models
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from agentenv_nb.stack import import_unsloth
+from agentenv_nb.train import models, presets
+
+NO_LLAMA_CPP = ("GGUF skipped: Unsloth's exporter needs a built llama.cpp (llama-quantize and convert_hf_to_gguf.py) "
+                "in {folder} or UNSLOTH_LLAMA_CPP_PATH, and none is there; nothing is downloaded at run time "
+                "(build llama.cpp there, https://github.com/ggml-org/llama.cpp, and export again)")
+
+
+def hub_problem(repo: str) -> str | None:
+    """None where ``repo`` ("owner/name") can be pushed to with the token found (HF_TOKEN, a login, Colab's secret);
+    else one line saying what to set. An empty ``repo`` pushes nothing, so it is no problem."""
+    if not repo:
+        return None
+    from huggingface_hub import get_token
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+        if not re.fullmatch(r"[^/]+/[^/]+", repo):
+            raise HFValidationError("not owner/name")
+    except HFValidationError:
+        return f"PUSH_TO_HUB={repo!r} is not a Hub repo id: give owner/name (e.g. you/qwen3-4b-gridsim), or leave it empty"
+    if not get_token():
+        return (f"PUSH_TO_HUB={repo!r} needs a Hugging Face token with write access: set HF_TOKEN (on Colab, the secret "
+                "HF_TOKEN), or leave PUSH_TO_HUB empty")
+    return None
+
+
+def llama_cpp_problem() -> str | None:
+    """None where Unsloth's GGUF exporter finds a built llama.cpp; else why it can't run here, in one line."""
+    import_unsloth()  # unsloth_zoo imports only after unsloth
+    from unsloth_zoo.llama_cpp import LLAMA_CPP_DEFAULT_DIR, check_llama_cpp
+
+    try:
+        check_llama_cpp(LLAMA_CPP_DEFAULT_DIR)
+    except RuntimeError:
+        return NO_LLAMA_CPP.format(folder=LLAMA_CPP_DEFAULT_DIR)
+    return None
+
+
+def export_model(model, tokenizer, folder: str | Path, gguf: str = "q8_0", push_to_hub: str = "",
+                 private: bool = True) -> dict[str, str | None]:
+    """Save ``folder/adapter`` (LoRA; none for a model trained in full) and ``folder/merged`` (16-bit), a GGUF of
+    quantization ``gguf`` ("" for none) in ``folder/gguf`` where llama.cpp is built, and upload the merged model (and
+    GGUF) to the Hub repo ``push_to_hub`` (private unless told otherwise). Refuses a push it can't make before
+    saving anything (``hub_problem``). Returns where each went (None for what wasn't made) and says so."""
+    if problem := hub_problem(push_to_hub):
+        raise ValueError(problem)
+    folder = Path(folder)
+    merged = models.save_warm_start(model, tokenizer, folder)
+    saved = {"adapter": str(folder / "adapter") if (folder / "adapter").is_dir() else None, "merged": merged,
+             "gguf": None, "hub": None}
+    if gguf and not (why := llama_cpp_problem()):
+        saved["gguf"] = _gguf(model, tokenizer, folder / "gguf", gguf)
+    elif gguf:
+        print(why)
+    if push_to_hub:
+        saved["hub"] = _push(push_to_hub, [Path(merged), *([Path(saved["gguf"])] if saved["gguf"] else [])], private)
+    for what, where in saved.items():
+        if where:
+            print(f"{what}: {where}")
+    return saved
+
+
+def _gguf(model, tokenizer, folder: Path, quantization: str) -> str:
+    """Unsloth's GGUF export, kept offline (``UNSLOTH_LLAMA_CPP_OFFLINE``): the llama.cpp found converts."""
+    before, os.environ["UNSLOTH_LLAMA_CPP_OFFLINE"] = os.environ.get("UNSLOTH_LLAMA_CPP_OFFLINE"), "1"
+    try:
+        model.save_pretrained_gguf(str(folder), tokenizer, quantization_method=quantization)
+    finally:
+        if before is None:
+            os.environ.pop("UNSLOTH_LLAMA_CPP_OFFLINE")
+        else:
+            os.environ["UNSLOTH_LLAMA_CPP_OFFLINE"] = before
+    return str(folder)
+
+
+def _push(repo: str, folders: list[Path], private: bool) -> str:
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    url = api.create_repo(repo, private=private, exist_ok=True)
+    for folder in folders:
+        api.upload_folder(repo_id=repo, folder_path=folder, path_in_repo="gguf" if folder.name == "gguf" else "",
+                          commit_message=f"agentenv_nb: the trained model ({folder.name})")
+    return str(url)
+
+
+def reload(folder: str | Path, preset: str):
+    """The exported model loaded as ``preset`` loads a model to play (4-bit on "24gb"), with no adapter and no vLLM
+    engine beside the trainer's: returns (model, tokenizer)."""
+    import_unsloth()
+    from transformers.utils import logging
+    from unsloth import FastLanguageModel
+
+    logging.disable_progress_bar()  # its loading bar is a widget in a notebook, which a saved notebook can't show
+    model, tokenizer = FastLanguageModel.from_pretrained(**presets.model_kwargs(preset, str(folder),
+                                                                                fast_inference=False))
+    return model, tokenizer
