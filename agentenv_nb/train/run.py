@@ -15,8 +15,8 @@ import typing
 SANDBOXES = ("auto", "process", "modal", "local")
 
 
-def _parameter(default, help: str):
-    return dataclasses.field(default=default, metadata={"help": help})
+def _parameter(default, help: str, notebook_only: bool = False):
+    return dataclasses.field(default=default, metadata={"help": help, "notebook_only": notebook_only})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +41,8 @@ class GRPORun:
     gguf: str = _parameter("q8_0", "the GGUF export's quantization, where llama.cpp is built; '' for none")
     push_to_hub: str = _parameter("", "a Hub repo (you/qwen3-4b-gridsim) for the trained model, private; needs "
                                       "HF_TOKEN")
-    try_day: int = _parameter(0, "the eval day notebook 03's \"Try it\" plays")
-    try_prompt: str = _parameter("", "your own words for that day, in place of the task's prompt")
+    try_day: int = _parameter(0, "the eval day notebook 03's \"Try it\" plays", notebook_only=True)
+    try_prompt: str = _parameter("", "your own words for that day, in place of the task's prompt", notebook_only=True)
 
     def parameters(self) -> dict:
         """The parameters under the notebook's names: {"BUNDLE": ..., "MAX_STEPS": ...}."""
@@ -61,6 +61,11 @@ class GRPORun:
         rows = [(field.name.upper(), getattr(self, field.name), field.metadata["help"])
                 for field in dataclasses.fields(self)]
         return pd.DataFrame(rows, columns=["parameter", "value", "what it sets"]).set_index("parameter")
+
+    @classmethod
+    def command_options(cls) -> list[str]:
+        """The parameters the training command takes too: all but those of the notebook's own cells ("Try it")."""
+        return [field.name for field in dataclasses.fields(cls) if not field.metadata["notebook_only"]]
 
     @classmethod
     def help(cls, name: str) -> str:
