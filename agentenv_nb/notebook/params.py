@@ -35,7 +35,7 @@ def from_env(defaults: dict[str, Any]) -> dict[str, Any]:
 
 TINY = {"BUNDLE": "gridsim-tiny", "MODEL": "tiny", "PRESET": "cpu-tiny", "SANDBOX": "process", "EVAL_DAYS": "8",
         "MAX_NEW_TOKENS": "160", "DISTILL_ROUNDS": "1", "DISTILL_STEPS": "20", "MAX_STEPS": "4", "SAVE_STEPS": "2",
-        "MAX_CONCURRENT_ENVS": "16", "SERVER_PROCESSES": "0"}
+        "SERVER_PROCESSES": "0"}
 
 
 def use_tiny_defaults(run_dir: str | os.PathLike) -> None:

@@ -16,7 +16,6 @@ Usage::
     from unsloth import FastLanguageModel
     model, tokenizer = FastLanguageModel.from_pretrained(**presets.model_kwargs("24gb", "qwen3-4b-gridsim-sft"))
     model = FastLanguageModel.get_peft_model(model, **presets.peft_kwargs("24gb"))
-    if presets.concurrent_sessions(config) > max_concurrent_envs: ...   # the server would refuse sessions
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
 """
 
@@ -277,14 +276,3 @@ def check_config(config, expected) -> None:
     if drift:
         lines = "\n".join(f"  {name}: set {want!r}, got {got!r}" for name, (want, got) in drift.items())
         raise ValueError(f"the trainer config does not keep these settings:\n{lines}")
-
-
-def concurrent_sessions(config, environments: int = 1) -> int:
-    """How many env sessions a GRPO config holds open at once: the server's ``max_concurrent_envs`` must cover it.
-
-    TRL pools environment instances per environment class and reuses them for training and eval, so
-    the pool grows to the larger of a generation batch (all rollouts of a step) and an eval batch;
-    ``environments`` is the number of classes of a dict ``environment_factory``.
-    """
-    eval_batch = config.per_device_eval_batch_size * config.world_size if config.eval_strategy != "no" else 0
-    return environments * max(config.generation_batch_size, eval_batch)
