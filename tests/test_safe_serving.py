@@ -284,3 +284,15 @@ def test_pip_install_takes_only_pinned_names(tmp_path):
         assert failed.returncode == 2 and "installs only requirements pinned by name and version" in failed.stderr
         assert requirement.split()[0] in failed.stderr and failed.stderr.strip().count("\n") == 0
 
+
+# The soak: faults injected, nothing lost that they didn't hit, nothing left behind
+
+@pytest.mark.slow
+def test_a_small_soak_with_env_kills_and_a_restart_loses_nothing_it_did_not_hit(tmp_path):
+    """bench/soak.py at CI's size (its 200-episode run is in docs/benchmarks.md)."""
+    soak = Path(__file__).resolve().parents[1] / "bench" / "soak.py"
+    done = subprocess.run([sys.executable, str(soak), "--episodes", "24", "--workers", "2", "--kills", "3",
+                           "--restarts", "1"], capture_output=True, text=True, timeout=900)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0 and result["ok"], (result, done.stderr[-3000:])
+    assert result["episodes"] == 24 and result["restarts"] == 1 and result["kills"] == 3
