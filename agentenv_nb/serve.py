@@ -1,6 +1,155 @@
-"""``python -m agentenv_nb.serve BUNDLE``: serve a bundle's tasks for trainers on other hosts (``envs.serving``)."""
+"""``python -m agentenv_nb.serve BUNDLE``: serve a bundle's tasks for trainers on other hosts.
 
-from agentenv_nb.envs.serving import main
+    python -m agentenv_nb.serve bundles/gridsim-tiny --sandbox process --max-concurrent-envs 32
+    python -m agentenv_nb.serve bundles/gridsim-tiny --host 0.0.0.0   # prints a token once; AgentEnv(url, token=...)
+
+It listens on 127.0.0.1 unless told otherwise (--host, AGENTENV_NB_HOST). Beyond loopback it requires an access
+token: AGENTENV_NB_TOKEN's, else one made now and printed once; on loopback only when AGENTENV_NB_TOKEN is set. A
+bundle is a folder, a name bundles.txt lists (fetched into ``--bundle-dir``) or an installed bundle's name, resolved
+once (``envs.resolve``). Defaults come from AGENTENV_NB_HOST, AGENTENV_NB_PORT, AGENTENV_NB_SANDBOX and
+AGENTENV_NB_MAX_CONCURRENT_ENVS when set (``agentenv_nb.settings``); bad input is one line and exit status 2.
+SIGINT and SIGTERM stop it quietly, tearing down open episodes and removing what it made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+
+from agentenv_nb import settings
+from agentenv_nb.tasks.bundles import UnknownBundle
+
+
+class _Parser(argparse.ArgumentParser):
+    """A usage error as one line on stderr and exit status 2, as argparse's own, without the usage (``--help``)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
+def _setting(name: str) -> Callable[[str], object]:
+    """An argparse type reading a flag's value as ``settings`` reads the setting's variable, range included."""
+    def parse(text: str):
+        try:
+            return settings.parse(name, text, "--" + name.replace("_", "-"))
+        except settings.SettingError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address ``host`` names is a loopback one, so only this machine reaches it."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
+
+
+def _parser() -> _Parser:
+    parser = _Parser(prog="python -m agentenv_nb.serve", description=__doc__.split("\n\n")[0])
+    parser.add_argument("bundle", nargs="?",
+                        help="a bundle folder, a name bundles.txt lists, or an installed bundle's name")
+    parser.add_argument("--host", type=_setting("host"),
+                        help="the address to listen on (default AGENTENV_NB_HOST, else 127.0.0.1; beyond loopback a "
+                        "token is required)")
+    parser.add_argument("--port", type=_setting("port"), help="default AGENTENV_NB_PORT, else 8000; 0: any free one")
+    parser.add_argument("--sandbox", help="where episodes deploy their envs, as agent-env run --sandbox (process, "
+                        "modal, local: Docker); default AGENTENV_NB_SANDBOX, else chosen for the bundle")
+    parser.add_argument("--max-concurrent-envs", type=_setting("max_concurrent_envs"),
+                        help="sessions served at once: one per rollout in flight, train and eval (default "
+                        "AGENTENV_NB_MAX_CONCURRENT_ENVS, else 8)")
+    parser.add_argument("--reward", help="the step id whose score is the reward, for tasks that record several")
+    parser.add_argument("--bundle-dir", default="bundles", help="where a bundle bundles.txt lists is fetched to")
+    parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)  # envs.processes: a socket it bound for us
+    parser.add_argument("--resolved", help=argparse.SUPPRESS)  # envs.processes: the bundle it resolved
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.bundle is None and args.resolved is None:
+        parser.error("the following arguments are required: bundle")
+    # A bad setting or bundle is said before the server's libraries load, which takes seconds.
+    try:
+        settings.check_environment()
+        host, port = settings.get("host", args.host), settings.get("port", args.port)
+        token = settings.get("token")
+    except settings.SettingError as e:
+        parser.error(str(e))
+    shown = None
+    if token is None and args.fd is None and not is_loopback(host):
+        from agentenv_nb.envs.serving import new_token
+
+        token = shown = new_token()
+    from agentenv_nb.envs.choice import SandboxError
+    from agentenv_nb.envs.resolve import Resolved, resolve
+
+    try:
+        _private_store()  # first: agent_env reads where its store is as it loads
+        resolved = (Resolved.from_json(args.resolved) if args.resolved else
+                    resolve(args.bundle, args.sandbox, args.max_concurrent_envs, args.bundle_dir))
+        from agentenv_nb.envs.app import build
+
+        app = build(resolved, reward=args.reward, token=token)
+    except (UnknownBundle, OSError, ValueError, SandboxError, RuntimeError) as e:
+        # OSError: a bundle the Hub couldn't give, a work dir another user could change; ValueError: an env a
+        # process can't run, a bundle agent_env refuses; RuntimeError: an env that didn't start
+        parser.error(str(e))
+    # uvicorn shuts down gracefully on SIGINT and SIGTERM, then raises the signal again, which would print a
+    # KeyboardInterrupt or skip the exit hooks that remove the env processes' folders and images: exit normally.
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop, lambda *_: sys.exit(0))
+    if args.fd is not None:
+        _serve_inherited(app, args.fd)
+        return
+    import uvicorn
+
+    if shown:
+        print(f"agentenv_nb: serving on http://{host}:{port} with the access token {shown} (shown once: pass it as "
+              "AgentEnv(url, token=...) or AGENTENV_NB_TOKEN; set AGENTENV_NB_TOKEN to choose it)", flush=True)
+    uvicorn.run(app, host=host, port=port, ws_ping_interval=None)
+
+
+def _private_store() -> None:
+    """Keep agent_env's store of episodes where AGENTENV_NB_STORE says, or in a folder of this process's own that
+    goes when it stops, so a long-lived host's store doesn't grow with every run."""
+    kept = settings.get("store")
+    if kept:
+        os.environ["XDG_STATE_HOME"] = kept
+        return
+    from agentenv_nb.envs.workdir import owned_prefix, work_dir
+    from agentenv_nb.lifecycle import close_at_exit
+
+    folder = tempfile.mkdtemp(prefix=owned_prefix("store"), dir=work_dir())
+    os.environ["XDG_STATE_HOME"] = folder
+    close_at_exit(lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
+def _serve_inherited(app, fd: int) -> None:
+    """Serve ``app`` on the listening socket ``fd`` a parent handed over, until it closes this process's stdin."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", ws_ping_interval=None,
+                                           timeout_graceful_shutdown=30))
+
+    def stop_with_parent() -> None:
+        while os.read(0, 4096):  # os.read: a daemon thread inside sys.stdin's reader would abort the exit
+            pass
+        server.should_exit = True
+
+    threading.Thread(target=stop_with_parent, daemon=True).start()
+    server.run(sockets=[socket.socket(fileno=fd)])
+
 
 if __name__ == "__main__":
     main()

@@ -4,13 +4,18 @@
     settings.get("call_timeout")           # 120.0, or what AGENTENV_NB_CALL_TIMEOUT says
     settings.get("port", given=8080)       # an argument wins over the environment
 
-A value that doesn't parse, or is out of range, raises SettingError naming the variable and what it takes.
-Notebook parameters are overridden the same way, ``AGENTENV_NB_<NAME>`` (``notebook.params``).
+A value that doesn't parse, isn't finite, or is out of range, raises SettingError naming the variable and what it
+takes; ``check_environment()`` reads every variable set, so a command or ``AgentEnv.local`` says so before it starts
+anything. Notebook parameters are overridden the same way, ``AGENTENV_NB_<NAME>`` (``notebook.params``).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import os
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,29 +36,70 @@ class Setting:
     what: str
     low: float | None = None
     high: float | None = None
+    problem: Callable[[Any], str | None] | None = None  # why a value that parsed can't be used, or None
 
     @property
     def variable(self) -> str:
         return PREFIX + self.name.upper()
 
 
+def _host_problem(host: str) -> str | None:
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    try:
+        socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError):
+        return "isn't an IP address or a name this machine resolves"
+    return None
+
+
+def _work_dir_problem(path: str) -> str | None:
+    folder = Path(path)
+    if not folder.is_absolute():
+        return "isn't an absolute path"
+    if folder.parts[1:2] and folder.parts[1] in ("proc", "sys", "dev"):
+        return f"is under /{folder.parts[1]}, which holds no folders of ours"
+    if folder.exists() and not folder.is_dir():
+        return "is a file, not a folder"
+    return None
+
+
 SETTINGS = {setting.name: setting for setting in (
     Setting("reset_timeout", 300.0, float, "seconds a reset (an episode's deploy) may take", low=0.001),
     Setting("call_timeout", 120.0, float, "seconds a tool call or a turn's end may take", low=0.001),
     Setting("patience", 4.0, float, "seconds to connect, and to wait for a slot another session took", low=0.001),
-    Setting("env_pool", 8, int, "env processes kept started ahead of need, per env (0: start each when asked)", low=0),
+    Setting("env_pool", 8, int, "env processes kept started ahead of need, per env (0: start each when asked)", 0, 64),
     Setting("pip_install", False, bool, "install an env's missing requirements instead of refusing it"),
     Setting("env_start_timeout", 60.0, float, "seconds an env process has to serve its card", low=0.001),
-    Setting("work_dir", "/var/tmp/agentenv-nb", str, "where env images are unpacked and env processes get folders"),
-    Setting("host", "0.0.0.0", str, "the address `python -m agentenv_nb.serve` listens on"),
+    Setting("work_dir", "/var/tmp/agentenv-nb", str, "where env images are unpacked and env processes get folders: "
+            "an absolute path, private to this user", problem=_work_dir_problem),
+    Setting("host", "127.0.0.1", str, "the address `python -m agentenv_nb.serve` listens on (beyond loopback, a "
+            "token is required)", problem=_host_problem),
     Setting("port", 8000, int, "the port `python -m agentenv_nb.serve` listens on (0: any free one)", 0, 65535),
     Setting("sandbox", None, str, "where envs run: process, modal, local (Docker); unset: chosen for the bundle"),
-    Setting("max_concurrent_envs", 8, int, "sessions a server plays at once: one per rollout in flight", low=1),
+    Setting("max_concurrent_envs", 8, int, "sessions a server plays at once: one per rollout in flight", 1, 4096),
+    Setting("token", None, str, "the access token a server requires and a client sends (the serve command makes "
+            "one when it listens beyond loopback)"),
+    Setting("idle_timeout", 600.0, float, "seconds a session may send nothing before the server closes it",
+            low=1, high=86400),
+    Setting("env_user", "nobody", str, "as root, the user whose group env processes share; each runs as a user id "
+            "of its own"),
+    Setting("store", None, str, "where a server process keeps agent_env's store of episodes (unset: a folder of its "
+            "own, removed when it stops)", problem=_work_dir_problem),
     Setting("bundles", str(Path(__file__).resolve().parents[1] / "bundles.txt"), str,
             "the list of bundles `get_bundle` knows"),
     Setting("gpu_memory_gb", None, float, "GB of GPU memory a training run may use, vLLM included (unset: the whole "
             "card, or what torch.cuda.set_per_process_memory_fraction allows)", low=1),
 )}
+
+
+def check_environment() -> None:
+    """Read every ``AGENTENV_NB_*`` setting the environment sets: a bad one raises SettingError now."""
+    for name in SETTINGS:
+        get(name)
 
 
 def get(name: str, given: Any = None) -> Any:
@@ -80,17 +126,22 @@ def _parse(setting: Setting, text: str, shown: str) -> Any:
             return text.lower() in TRUE
         raise SettingError(f"{shown}={text!r} isn't a yes or no; set it to 1 or 0 ({setting.what})")
     try:
-        return setting.kind(text)
+        value = setting.kind(text)
     except ValueError:
         kind = {int: "a whole number", float: "a number"}.get(setting.kind, setting.kind.__name__)
         raise SettingError(f"{shown}={text!r} isn't {kind}; set it to one, or unset it ({setting.what})") from None
+    return value
 
 
 def _checked(setting: Setting, value: Any, shown: str) -> Any:
     if setting.kind in (int, float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise SettingError(f"{shown} isn't a finite number ({setting.what})")
         low, high = setting.low, setting.high
         if (low is not None and value < low) or (high is not None and value > high):
             bounds = f"from {low:g} to {high:g}" if high is not None else f"at least {low:g}"
             raise SettingError(f"{shown} is out of range: {setting.name} takes a value {bounds} ({setting.what})")
+    if setting.problem is not None and (problem := setting.problem(value)):
+        raise SettingError(f"{shown} {problem} ({setting.what})")
     return value
 

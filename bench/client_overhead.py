@@ -28,9 +28,10 @@ TOOL, ARGUMENTS = "get_prices", {}
 
 
 @contextmanager
-def raw_session(url: str, split: str, index: int):
+def raw_session(url: str, token: str, split: str, index: int):
     """A plain ``/ws`` client holding one episode: yields a function making one tool call."""
-    with connect(ws_url(url), compression=None, max_size=None, proxy=None) as ws:
+    with connect(ws_url(url), compression=None, max_size=None, proxy=None,
+                 additional_headers={"Authorization": f"Bearer {token}"}) as ws:
         def request(message: dict) -> dict:
             ws.send(json.dumps(message))
             return json.loads(ws.recv())
@@ -56,7 +57,7 @@ def main() -> None:
         play.reset(**env.dataset[0])
         ours = getattr(play, TOOL)
         timings: dict[str, list[float]] = {"agentenv": [], "raw": []}
-        with raw_session(env.url, env.split, 1) as raw:
+        with raw_session(env.url, env.token, env.split, 1) as raw:
             for i in range(args.calls + 20):
                 for name, call in (("agentenv", lambda: ours(**ARGUMENTS)), ("raw", raw)):
                     start = time.perf_counter()

@@ -4,7 +4,7 @@ framework's floor, at 1, 8 and 32 concurrent sessions, in one run.
     /work/venv/bin/python bench/env_throughput.py                 # prints a markdown table
     /work/venv/bin/python bench/env_throughput.py --write-docs    # and writes it to docs/benchmarks.md
 
-Each path is a server of its own (``agentenv_nb.envs.serving.serve_in_processes``: ``build_app(bundle, sandbox="process")``
+Each path is a server of its own (``agentenv_nb.envs.processes.serve_in_processes``: ``build_app(bundle, sandbox="process")``
 under uvicorn, in a subprocess) serving one bundle written from the framework's echo-mcp example:
 
 - ``kit``: the echo task (deploy_env, deploy_agent, prompt_agent, env_outcome_verifier) with the warm pool on;
@@ -75,9 +75,9 @@ def write_bundle(root: Path) -> Path:
 
 
 def serve_path(name: str, bundle: Path, work: Path, capacity: int, pool: str | None, processes: int = 1):
-    """A path's servers (``agentenv_nb.envs.serving.serve_in_processes``), sharing a working folder and a framework store
+    """A path's servers (``agentenv_nb.envs.processes.serve_in_processes``), sharing a working folder and a framework store
     (XDG_STATE_HOME) of the path's own."""
-    from agentenv_nb.envs.serving import serve_in_processes
+    from agentenv_nb.envs.processes import serve_in_processes
 
     # A store of its own, as a fresh machine has: the shared one's history slows every episode (see the docs).
     env = {**os.environ, "AGENTENV_NB_WORK_DIR": str(work / f"{name}-envs"), "XDG_STATE_HOME": str(work / name)}
@@ -87,9 +87,10 @@ def serve_path(name: str, bundle: Path, work: Path, capacity: int, pool: str | N
                               start_timeout=300)
 
 
-async def session(url: str, index: int, episodes: int, echo: bool, results: list) -> None:
+async def session(url: str, token: str, index: int, episodes: int, echo: bool, results: list) -> None:
     """Play ``episodes`` episodes of task ``index`` on one WebSocket, appending (reset s, episode s, reward)."""
-    async with websockets.connect(ws_url(url), max_size=None, open_timeout=60) as ws:
+    async with websockets.connect(ws_url(url), max_size=None, open_timeout=60,
+                                  additional_headers={"Authorization": f"Bearer {token}"}) as ws:
         for _ in range(episodes):
             started = time.perf_counter()
             opened = await exchange(ws, {"type": "reset", "data": {"split": "all", "index": index}})
@@ -111,10 +112,12 @@ async def exchange(ws, message: dict) -> dict:
     return json.loads(await ws.recv())
 
 
-async def measure(urls: list[str], index: int, echo: bool, sessions: int, episodes: int) -> dict:
+async def measure(servers, index: int, echo: bool, sessions: int, episodes: int) -> dict:
     results: list = []
     started = time.perf_counter()
-    await asyncio.gather(*(session(urls[i % len(urls)], index, episodes, echo, results) for i in range(sessions)))
+    urls = servers.urls
+    await asyncio.gather(*(session(urls[i % len(urls)], servers.token, index, episodes, echo, results)
+                           for i in range(sessions)))
     wall = time.perf_counter() - started
     resets = sorted(r for r, _, _ in results)
     return {"reset_p50": statistics.median(resets), "reset_p95": resets[min(len(resets) - 1, int(0.95 * len(resets)))],
@@ -181,12 +184,12 @@ def main() -> None:
         for name, (pool, n) in paths.items():
             servers[name] = serve_path(name, bundle, work, capacity, pool, n)
         for name, server in servers.items():  # each path's first episode: the server's and the pool's start-up
-            asyncio.run(measure(server.urls, index_of(name), not name.startswith("floor"), 1, 1))
+            asyncio.run(measure(server, index_of(name), not name.startswith("floor"), 1, 1))
         for sessions in args.sessions:
             for name, server in servers.items():
                 episodes = max(1, args.episodes // sessions)
                 rows[(sessions, name)] = asyncio.run(
-                    measure(server.urls, index_of(name), not name.startswith("floor"), sessions, episodes))
+                    measure(server, index_of(name), not name.startswith("floor"), sessions, episodes))
                 print(f"{sessions} sessions, {name}: {rows[(sessions, name)]}", file=sys.stderr)
     finally:
         for server in servers.values():

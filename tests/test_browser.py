@@ -7,7 +7,6 @@ a machine's path. Screenshots of each notebook are left in the test's temporary 
 without a browser (``.ci/run``)."""
 
 import json
-import os
 import re
 import shutil
 import subprocess

@@ -112,7 +112,7 @@ def test_two_turns_two_verifiers_and_reward_their_mean(bundles):
         assert talk.end_turn(response="hello there") == "Say bye."  # the next turn's prompt
         assert talk.end_turn(response="bye") == "The episode has ended."
         assert talk.get_reward() == pytest.approx((1.0 + 0.75) / 2)
-        by_step = AgentEnv(env.url, reward="parts")  # reward= on the client, against the server's scores
+        by_step = AgentEnv(env.url, reward="parts", token=env.token)  # reward= on the client, against the server's scores
         talk = by_step.factory()
         talk.reset(**by_step.dataset[0])
         talk.end_turn(response="hello")

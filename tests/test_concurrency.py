@@ -159,7 +159,7 @@ def test_the_kit_trainer_runs_a_batch_s_tool_calls_at_once_with_trl_s_results(ti
 def test_a_seeded_run_gives_the_same_rewards_through_either_trainer(answers, tiny_model, tmp_path):
     runs = {}
     for name in TRAINERS:
-        env = AgentEnv(answers.url, plain_text_replies=True)
+        env = AgentEnv(answers.url, plain_text_replies=True, token=answers.token)
         trainer = grpo(tiny_model, tmp_path / name, dataset=env.dataset, factory=env.factory, steps=2,
                        reward_funcs=env.reward_funcs, callbacks=[env.metrics], trainer=name)
         trainer.train()

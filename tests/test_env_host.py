@@ -106,7 +106,7 @@ def test_a_grpo_step_through_agentenv_url(env_host, tmp_path):
 def test_local_server_processes_share_the_sessions_and_leave_nothing_behind(tmp_path):
     from agentenv_nb.tasks import gridsim
     from agentenv_nb.client import AgentEnv
-    from agentenv_nb.envs.image import work_dir
+    from agentenv_nb.envs.workdir import work_dir
     from agentenv_nb.client.environment import player_of
     from agentenv_nb.client.session import CapacityError, ws_url
 
@@ -129,7 +129,7 @@ def test_local_server_processes_share_the_sessions_and_leave_nothing_behind(tmp_
 
 
 def test_server_processes_say_why_they_cannot_start(tmp_path):
-    from agentenv_nb.envs.serving import serve_in_processes
+    from agentenv_nb.envs.processes import serve_in_processes
     from agentenv_nb.tasks import gridsim
 
     with pytest.raises(ValueError, match="step id"):

@@ -24,8 +24,9 @@ from .conftest import free_port
 from agentenv_nb.client import AgentEnv
 from agentenv_nb.envs.choice import SandboxError
 from agentenv_nb.envs.dockerfile import ImageError
-from agentenv_nb.envs.image import work_dir
-from agentenv_nb.envs.serving import serve_in_processes, serve_in_thread
+from agentenv_nb.envs.workdir import work_dir
+from agentenv_nb.envs.processes import serve_in_processes
+from agentenv_nb.envs.serving import serve_in_thread
 from agentenv_nb.tasks import gridsim
 
 MAIL_MCP = Path(__import__("agent_env").__file__).parent / "examples" / "mail-mcp"
@@ -72,7 +73,7 @@ def _serve_fails(*args: str, env: dict | None = None, cwd=None) -> str:
     (["--port", "70000"], {}, "--port='70000' is out of range: port takes a value from 0 to 65535"),
     (["--port", "-5"], {}, "--port='-5' is out of range"),
     ([], {"AGENTENV_NB_PORT": "abc"}, "AGENTENV_NB_PORT='abc' isn't a whole number"),
-    (["--max-concurrent-envs", "0"], {}, "max_concurrent_envs takes a value at least 1"),
+    (["--max-concurrent-envs", "0"], {}, "max_concurrent_envs takes a value from 1 to 4096"),
     (["--max-concurrent-envs", "-3"], {}, "--max-concurrent-envs='-3' is out of range"),
 ])
 def test_a_bad_setting_is_one_line_before_anything_loads(tmp_path, args, env, says):
@@ -210,8 +211,8 @@ def _ours() -> tuple[set[int], list[str]]:
             sorted(path.name for path in work_dir().glob(f"agentenv-nb-*-{os.getpid()}-*")))
 
 
-def _play_a_day(url: str) -> float:
-    with AgentEnv(url) as env:
+def _play_a_day(server) -> float:
+    with AgentEnv(server.url, token=server.token) as env:
         play, row = env.factory(), env.dataset[0]
         play.reset(**row)
         play.submit_schedule(schedule=gridsim.battery.optimal_schedule(json.loads(play.get_prices())))
@@ -225,13 +226,13 @@ def test_closing_a_thread_server_stops_its_env_processes_but_not_another_servers
     bundle = _gridsim(tmp_path / "gridsim")
     before = _ours()
     first, second = serve_in_thread(bundle, sandbox="process"), serve_in_thread(bundle, sandbox="process")
-    assert _play_a_day(first.url) == _play_a_day(second.url) == 1.0
+    assert _play_a_day(first) == _play_a_day(second) == 1.0
     [shared] = pools()  # one image and one warm pool serve both
     running, folders = _ours()
     assert running - before[0] and any(name.startswith("agentenv-nb-image-") for name in folders), folders
     first.close()
     assert pools() == [shared] and shared.ready and set(folders) <= set(_ours()[1])  # the second server's still
-    assert _play_a_day(second.url) == 1.0
+    assert _play_a_day(second) == 1.0
     second.close()
     assert pools() == [] and _ours() == before
     with AgentEnv.local(bundle, max_concurrent_envs=2) as env:  # processes=0: the README's example

@@ -61,7 +61,12 @@ def test_settings_come_from_arguments_then_the_environment_then_defaults(monkeyp
 @pytest.mark.parametrize("name, value, says", [
     ("PORT", "abc", "AGENTENV_NB_PORT='abc' isn't a whole number"),
     ("PORT", "70000", "out of range: port takes a value from 0 to 65535"),
-    ("MAX_CONCURRENT_ENVS", "0", "out of range: max_concurrent_envs takes a value at least 1"),
+    ("MAX_CONCURRENT_ENVS", "0", "out of range: max_concurrent_envs takes a value from 1 to 4096"),
+    ("PATIENCE", "nan", "AGENTENV_NB_PATIENCE='nan' isn't a finite number"),
+    ("ENV_POOL", "100000", "out of range: env_pool takes a value from 0 to 64"),
+    ("WORK_DIR", "relative/dir", "isn't an absolute path"),
+    ("WORK_DIR", "/proc/agentenv", "is under /proc"),
+    ("HOST", "abc", "AGENTENV_NB_HOST='abc' isn't an IP address or a name this machine resolves"),
     ("PIP_INSTALL", "maybe", "isn't a yes or no"),
 ])
 def test_a_bad_setting_says_which_variable_and_what_it_takes(monkeypatch, name, value, says):

@@ -96,15 +96,6 @@ def test_user_arguments(tmp_path):
         presets.grpo_kwargs("80gb")
 
 
-def test_concurrent_sessions(tmp_path):
-    big = presets.grpo_config("24gb", output_dir=str(tmp_path))
-    assert presets.concurrent_sessions(big) == 32  # 32 rollouts a step (generated 16 at a time without vLLM)
-    assert big.generation_batch_size == (32 if big.use_vllm else 16)  # ... and an eval batch of 32
-    assert presets.concurrent_sessions(big, environments=2) == 64
-    tiny = presets.grpo_config("cpu-tiny", output_dir=str(tmp_path), per_device_eval_batch_size=16)
-    assert presets.concurrent_sessions(tiny) == 16  # an eval batch larger than a step's rollouts
-
-
 def test_vllm_is_sized_to_the_memory_a_run_may_use(monkeypatch):
     """vLLM's gpu_memory_utilization is a share of the whole card: the recipe's half is taken of what the run may
     use (a cap, AGENTENV_NB_GPU_MEMORY_GB), at most the preset's own card, then turned into a share of the card."""

@@ -6,7 +6,6 @@ Bundles here deploy no env (an agent, a prompt, a response verifier), so they ru
 """
 
 import asyncio
-import json
 import logging
 import threading
 
@@ -20,6 +19,8 @@ from agentenv_nb.client.runtime import Runtime
 from agentenv_nb.client.session import CapacityError, Session, SessionError, Timeout
 from agentenv_nb.envs.serving import serve_in_thread
 
+TOKEN = "the-sessions-tests-token"  # a restarted server takes the same one, as the serve command does from its setting
+
 
 @pytest.fixture(scope="module")
 def answers(tmp_path_factory):
@@ -29,9 +30,10 @@ def answers(tmp_path_factory):
 
 
 def test_the_first_session_raises_at_capacity_saying_what_to_raise(answers):
-    with serve_in_thread(answers, max_concurrent_envs=1) as server:
+    with serve_in_thread(answers, token=TOKEN, max_concurrent_envs=1) as server:
         async def run():
-            holder, second = Session(server.url, patience=0.5), Session(server.url, patience=0.5)
+            holder = Session(server.url, token=TOKEN, patience=0.5)
+            second = Session(server.url, token=TOKEN, patience=0.5)
             await holder.open()
             with pytest.raises(CapacityError, match="raise max_concurrent_envs"):
                 await second.open()
@@ -42,21 +44,21 @@ def test_the_first_session_raises_at_capacity_saying_what_to_raise(answers):
 
 
 def test_a_dropped_session_waits_for_a_restarting_server_then_gives_up_after_its_bound(answers):
-    server = serve_in_thread(answers, max_concurrent_envs=2)
+    server = serve_in_thread(answers, token=TOKEN, max_concurrent_envs=2)
     port = int(server.url.rsplit(":", 1)[1])
 
     async def run():
-        session = Session(server.url, reset_timeout=5, patience=0.2)
+        session = Session(server.url, token=TOKEN, reset_timeout=5, patience=0.2)
         await session.open()
         assert (await session.reset("train", 0))["done"] is False
         server.close()
         restarted = []
-        threading.Timer(1.0, lambda: restarted.append(serve_in_thread(answers, port=port))).start()
+        threading.Timer(1.0, lambda: restarted.append(serve_in_thread(answers, token=TOKEN, port=port))).start()
         assert (await session.reset("train", 1))["done"] is False  # waited past patience for the server
         assert restarted  # the server came back before the reset returned: it waited for it
         await session.close()
         restarted[0].close()
-        short = Session(server.url, reset_timeout=0.5, patience=0.2)
+        short = Session(server.url, token=TOKEN, reset_timeout=0.5, patience=0.2)
         short.opened = True  # a session that was open before, so it waits max(patience, reset_timeout)
         with pytest.raises(SessionError, match=r"refused connections for max\(patience, reset_timeout\)=0.5s"):
             await short.reset("train", 0)
@@ -64,15 +66,15 @@ def test_a_dropped_session_waits_for_a_restarting_server_then_gives_up_after_its
 
 
 def test_a_dropped_session_whose_slot_another_took_gives_up_after_patience(answers):
-    server = serve_in_thread(answers, max_concurrent_envs=1)
+    server = serve_in_thread(answers, token=TOKEN, max_concurrent_envs=1)
     port = int(server.url.rsplit(":", 1)[1])
 
     async def run():
-        session = Session(server.url, reset_timeout=3600, patience=0.5)
+        session = Session(server.url, token=TOKEN, reset_timeout=3600, patience=0.5)
         await session.open()
         server.close()
-        with serve_in_thread(answers, port=port, max_concurrent_envs=1) as again:
-            taker = Session(again.url)
+        with serve_in_thread(answers, token=TOKEN, port=port, max_concurrent_envs=1) as again:
+            taker = Session(again.url, token=TOKEN)
             await taker.open()
             with pytest.raises(CapacityError, match=r"none freed up within patience=0.5s"):
                 # the short wait, not reset_timeout's hour
@@ -83,9 +85,9 @@ def test_a_dropped_session_whose_slot_another_took_gives_up_after_patience(answe
 
 def test_every_wait_names_the_bound_that_ran_out(tmp_path):
     slow = write_bundle(tmp_path / "slow", {"slow": one_turn_task("42", poll=3)}, {"train": ["slow"]})
-    with serve_in_thread(slow) as server:
+    with serve_in_thread(slow, token=TOKEN) as server:
         async def run():
-            session = Session(server.url, reset_timeout=0.001, call_timeout=0.3, patience=1)
+            session = Session(server.url, token=TOKEN, reset_timeout=0.001, call_timeout=0.3, patience=1)
             await session.open()
             with pytest.raises(Timeout, match="no reply from .* within reset_timeout=0.001s"):
                 await session.reset("train", 0)
@@ -104,9 +106,9 @@ def test_every_wait_names_the_bound_that_ran_out(tmp_path):
 @pytest.mark.parametrize("trainer", TRAINERS)
 def test_a_restart_costs_the_rollouts_in_flight_not_the_ones_after(answers, tiny_model, tmp_path, caplog, trainer):
     """Seeds/000's outage table: the server stops mid-episode in step 2 and is back 2 s later."""
-    server = serve_in_thread(answers, max_concurrent_envs=4)
+    server = serve_in_thread(answers, token=TOKEN, max_concurrent_envs=4)
     port, back = int(server.url.rsplit(":", 1)[1]), []
-    env = AgentEnv(server.url, reset_timeout=30, patience=0.5, plain_text_replies=True)
+    env = AgentEnv(server.url, token=TOKEN, reset_timeout=30, patience=0.5, plain_text_replies=True)
 
     def outage(completions, environments, trainer_state, **_):
         """Runs after step 2's rollouts and before their rewards, so their episodes are open: once every reset
@@ -115,7 +117,8 @@ def test_a_restart_costs_the_rollouts_in_flight_not_the_ones_after(answers, tiny
             for environment in environments:
                 player_of(environment).episode.started.result(30)
             server.close()
-            restart = lambda: back.append(serve_in_thread(answers, port=port, max_concurrent_envs=4))  # noqa: E731
+            restart = lambda: back.append(  # noqa: E731
+                serve_in_thread(answers, token=TOKEN, port=port, max_concurrent_envs=4))
             threading.Timer(2.0, restart).start()
         return [None] * len(completions)
 
@@ -136,10 +139,10 @@ def test_a_restart_costs_the_rollouts_in_flight_not_the_ones_after(answers, tiny
 @pytest.mark.parametrize("trainer", TRAINERS)
 def test_a_slot_another_took_costs_one_rollout_not_the_step(answers, tiny_model, tmp_path, caplog, trainer):
     """The server restarts after step 1, and another client takes one of its two slots until step 2 ends."""
-    server = {"now": serve_in_thread(answers, max_concurrent_envs=2)}
+    server = {"now": serve_in_thread(answers, token=TOKEN, max_concurrent_envs=2)}
     url = server["now"].url
-    env = AgentEnv(url, patience=1, plain_text_replies=True)
-    intruder, intruding = Session(url), Runtime("intruder")
+    env = AgentEnv(url, token=TOKEN, patience=1, plain_text_replies=True)
+    intruder, intruding = Session(url, token=TOKEN), Runtime("intruder")
     trainer = grpo(tiny_model, tmp_path, dataset=env.dataset, factory=env.factory, steps=3,
                    reward_funcs=env.reward_funcs, callbacks=[env.metrics], trainer=trainer)
     from transformers import TrainerCallback
@@ -148,7 +151,8 @@ def test_a_slot_another_took_costs_one_rollout_not_the_step(answers, tiny_model,
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == 1:  # the trainer's sessions are gone, and reopen at step 2's resets
                 server["now"].close()
-                server["now"] = serve_in_thread(answers, port=int(url.rsplit(":", 1)[1]), max_concurrent_envs=2)
+                server["now"] = serve_in_thread(answers, token=TOKEN, port=int(url.rsplit(":", 1)[1]),
+                                                max_concurrent_envs=2)
                 intruding.run(intruder.open(), 10, "the intruder's session")
             if state.global_step == 2:
                 intruding.run(intruder.close(), 10, "the intruder's goodbye")

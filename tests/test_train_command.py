@@ -61,14 +61,19 @@ def test_the_command_and_notebook_03_take_one_set_of_parameters(monkeypatch):
     assert "MAX_STEPS" not in TINY  # the tiny run trains the cpu-tiny preset's own max_steps
 
 
-def test_the_servers_must_hold_every_ranks_sessions(tmp_path):
+def test_one_function_sizes_the_sessions_a_run_opens(tmp_path):
     from agentenv_nb.train import presets
-    from agentenv_nb.train.ranks import capacity_problem, sized_for_ranks
+    from agentenv_nb.train.sessions import capacity_problem, sessions_needed
 
     config = presets.grpo_config("cpu-tiny", output_dir=str(tmp_path))
-    assert sized_for_ranks(config) == 4 * 2 + 4  # a step's 2 x 4 rollouts and an eval batch of 4, one rank
-    assert capacity_problem(config, 8) is None  # TRL reuses a rank's environments: the larger batch is enough
-    assert "pass --max-concurrent-envs 12" in capacity_problem(config, 7)
+    assert sessions_needed(config) == 8  # a step's 2 x 4 rollouts; an eval batch of 4 reuses them
+    assert capacity_problem(config, 8) is None
+    assert "serve with --max-concurrent-envs 8 or more" in capacity_problem(config, 7)
+    big = presets.grpo_config("24gb", output_dir=str(tmp_path))
+    assert sessions_needed(big) == 32  # 32 rollouts a step (generated 16 at a time without vLLM), eval batches of 32
+    assert sessions_needed(big, environments=2) == 64  # TRL pools environments per class
+    tiny = presets.grpo_config("cpu-tiny", output_dir=str(tmp_path), per_device_eval_batch_size=16)
+    assert sessions_needed(tiny) == 16  # an eval batch larger than a step's rollouts
 
 
 @pytest.mark.slow

@@ -9,8 +9,9 @@ a dataset whose rows are tasks, and an ``environment_factory`` whose environment
     trainer.train()
     env.close()                                   # or `with AgentEnv.local(...) as env:`
 
-``AgentEnv("http://env-host:8000")`` plays a server another host runs (``python -m agentenv_nb.serve``), and
-``AgentEnv([url, url2, ...])`` several servers of one bundle, spreading the sessions over them.
+``AgentEnv("http://env-host:8000", token=...)`` plays a server another host runs (``python -m agentenv_nb.serve``,
+which prints its token), and ``AgentEnv([url, url2, ...])`` several servers of one bundle, spreading the sessions
+over them.
 
 How TRL drives an environment: it makes one per rollout in flight and reuses it, rollout after rollout, so each holds
 one session (``client.session.Session``). ``reset(**row)`` starts the row's task in the background and returns None, so
@@ -50,44 +51,53 @@ class AgentEnv:
     are every task's. ``plain_text_replies`` passes the model's last plain-text reply to a turn it never ended, with
     ``reward_funcs=env.reward_funcs`` given to the trainer. ``max_concurrent_envs``: the sessions the servers hold
     together, known for ``local`` and otherwise what they were started with, if given (the preflight checks it
-    against the trainer's; OpenEnv doesn't publish it)."""
+    against the trainer's; OpenEnv doesn't publish it). ``token``: the servers' access token (default
+    AGENTENV_NB_TOKEN), sent with every request; ``local`` passes its own."""
 
     def __init__(self, url: str | list[str], split: str = "train", reward: Reward = None,
                  reset_timeout: float | None = None, call_timeout: float | None = None, patience: float | None = None,
                  toolsets: Literal["first", "each"] = "first", plain_text_replies: bool = False,
-                 max_concurrent_envs: int | None = None):
+                 max_concurrent_envs: int | None = None, token: str | None = None):
         self.urls = [u.rstrip("/") for u in ([url] if isinstance(url, str) else url)]
         self.url, self.split, self.toolsets = self.urls[0], split, toolsets
         self.max_concurrent_envs = max_concurrent_envs
         self.timeouts = {"reset_timeout": settings.get("reset_timeout", reset_timeout),
                          "call_timeout": settings.get("call_timeout", call_timeout),
                          "patience": settings.get("patience", patience)}
+        self.token = settings.get("token", token)
         turns = itertools.count()
         self.rules = Rules(lambda: self.urls[next(turns) % len(self.urls)], self.timeouts, reward,
-                           plain_text_replies, toolsets)
+                           plain_text_replies, toolsets, self.token)
         self.server = None  # what AgentEnv.local serves the bundle with, stopped with this AgentEnv
-        self._http = httpx.Client(base_url=self.url, timeout=self.timeouts["call_timeout"], trust_env=False)
+        self._http = httpx.Client(base_url=self.url, timeout=self.timeouts["call_timeout"], trust_env=False,
+                                  headers={"Authorization": f"Bearer {self.token}"} if self.token else None)
         self.name, self.splits = describe_server(self._http, self.url)
         self._tasks: dict[str, list[dict[str, Any]]] = {}
         self._runtime = Runtime(self.name)
         close_at_exit(self.close)
 
     @classmethod
-    def local(cls, bundle, split: str = "train", sandbox: str | None = None, max_concurrent_envs: int = 8,
+    def local(cls, bundle, split: str = "train", sandbox: str | None = None, max_concurrent_envs: int | None = None,
               reward: Reward = None, processes: int = 0, **options) -> AgentEnv:
         """Serve ``bundle`` (a folder, or a name as ``tasks.bundles.get_bundle`` takes) here and play it: on a thread
         of this process (``processes=0``), or from ``processes`` server processes beside it
-        (``envs.serving.serve_in_processes``), which keep the server's work off the trainer's GIL, for a GPU run.
+        (``envs.processes.serve_in_processes``), which keep the server's work off the trainer's GIL, for a GPU run.
         Without ``sandbox`` the envs run where ``envs.choice.choose_sandbox`` says; every env is checked before the
         server starts. Closing the AgentEnv, leaving its ``with`` block, or the process's exit stops the servers, and
         the env processes they started. ``reward`` goes to the server, which checks at start that it scores every
-        task."""
-        from agentenv_nb.envs.serving import serve_in_processes, serve_in_thread
+        task. ``bundle`` may be resolved already (``envs.resolve``); ``max_concurrent_envs`` unset is
+        AGENTENV_NB_MAX_CONCURRENT_ENVS, else 8. The servers require a token made here, which this AgentEnv sends."""
+        from agentenv_nb.envs.processes import serve_in_processes
+        from agentenv_nb.envs.resolve import resolve
+        from agentenv_nb.envs.serving import serve_in_thread
 
-        serving = {"sandbox": sandbox, "max_concurrent_envs": max_concurrent_envs, "reward": reward}
-        server = serve_in_processes(bundle, processes, **serving) if processes else serve_in_thread(bundle, **serving)
+        resolved = resolve(bundle, sandbox, max_concurrent_envs)  # every setting is read first
+        serving = {"reward": reward, "token": options.pop("token", None)}
+        server = (serve_in_processes(resolved, processes, **serving) if processes else
+                  serve_in_thread(resolved, **serving))
         try:
-            env = cls(server.urls, split=split, max_concurrent_envs=server.max_concurrent_envs, **options)
+            env = cls(server.urls, split=split, max_concurrent_envs=server.max_concurrent_envs, token=server.token,
+                      **options)
         except BaseException:
             server.close()
             raise
@@ -168,7 +178,7 @@ class AgentEnv:
         split = "all" if self.toolsets == "each" else self.split
         tasks = self.tasks(split) if self.toolsets == "each" else self.tasks(split)[:1]
         toolsets = self._runtime.run(gather([self._probe(split, task["index"]) for task in tasks], limit=4),
-                                     len(tasks) * Session(self.url, **self.timeouts).reset_bound,
+                                     len(tasks) * Session(self.url, token=self.token, **self.timeouts).reset_bound,
                                      "probing the tasks' tools")
         groups: dict[str, tuple[str, list[dict[str, Any]], list[str]]] = {}
         for task, tools in zip(tasks, toolsets, strict=True):
@@ -182,7 +192,7 @@ class AgentEnv:
 
     async def _probe(self, split: str, index: int) -> list[dict[str, Any]]:
         """The tools task ``index`` of ``split`` offers in its first turn: one episode, started and abandoned."""
-        session = Session(self.url, **self.timeouts)
+        session = Session(self.url, token=self.token, **self.timeouts)
         try:
             await session.open()
             started = await session.reset(split, index)
@@ -222,6 +232,11 @@ def describe_server(http: httpx.Client, url: str) -> tuple[str, list[str]]:
     except httpx.TransportError as e:
         raise ConnectionError(f"no env server answers at {url} ({type(e).__name__}: {e}); {start}") from None
     except httpx.HTTPStatusError as e:
+        if e.response.status_code == 401:
+            raise PermissionError(f"{url} needs its access token, which this AgentEnv "
+                                  f"{'sent wrong' if 'authorization' in e.request.headers else 'lacks'}: pass "
+                                  "AgentEnv(url, token=...) or set AGENTENV_NB_TOKEN (the serve command prints it once "
+                                  "when it starts)") from None
         raise ConnectionError(f"{url} answers, but isn't an agent_env OpenEnv server ({e.request.method} "
                               f"{e.request.url.path} got HTTP {e.response.status_code}); {instead}") from None
     except (ValueError, KeyError, TypeError) as e:

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from agentenv_nb.client.runtime import Runtime
 from agentenv_nb.client.session import Session, SessionError
-from agentenv_nb.envs.serving import Reward
+from agentenv_nb.envs.app import Reward
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ class Rules:
     reward: Reward = None
     plain_text_replies: bool = False
     toolsets: Literal["first", "each"] = "first"
+    token: str | None = None  # the servers' access token
 
 
 @dataclass
@@ -70,7 +71,7 @@ class Player:
 
     def __init__(self, runtime: Runtime, rules: Rules, tools: tuple[dict[str, Any], ...], name: str):
         self.runtime, self.rules, self.tools, self.name = runtime, rules, tools, name
-        self.session = Session(rules.next_url(), **rules.timeouts)
+        self.session = Session(rules.next_url(), token=rules.token, **rules.timeouts)
         self.episode: Episode | None = None
         self.started_by: int | None = None  # the thread that started the episode, which ends its open turns
         self._finishing = threading.Lock()

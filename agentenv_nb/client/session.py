@@ -2,7 +2,7 @@
 from one rollout to the next: a session a restarting server dropped opens again once the server is back,
 one whose slot another took gives up after a short wait, and the first session raises when the server has no room.
 
-    session = Session("http://127.0.0.1:8000", reset_timeout=300, call_timeout=120, patience=4)
+    session = Session("http://127.0.0.1:8000", reset_timeout=300, call_timeout=120, patience=4, token="...")
     await session.open()                  # CapacityError when every slot is taken
     first = await session.reset("train", 0)
     ended = await session.step({"type": "call_tool", "tool_name": "end_turn", "arguments": {"response": "42"}})
@@ -19,7 +19,7 @@ import json
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 CAPACITY_REACHED = "CAPACITY_REACHED"
 
@@ -36,6 +36,10 @@ class Dropped(SessionError):
     """The connection closed under the session; the server ended its episode with it."""
 
 
+class Refused(SessionError):
+    """The server refused the session: no access token, or the wrong one."""
+
+
 class Timeout(SessionError):
     """A request got no reply within its bound."""
 
@@ -48,8 +52,9 @@ class Session:
     connections (``max(patience, reset_timeout)``); ``call_timeout`` every other request.
     """
 
-    def __init__(self, url: str, *, reset_timeout: float = 300.0, call_timeout: float = 120.0, patience: float = 4.0):
-        self.url = ws_url(url)
+    def __init__(self, url: str, *, reset_timeout: float = 300.0, call_timeout: float = 120.0, patience: float = 4.0,
+                 token: str | None = None):
+        self.url, self._headers = ws_url(url), {"Authorization": f"Bearer {token}"} if token else None
         self.reset_timeout, self.call_timeout, self.patience = reset_timeout, call_timeout, patience
         self._ws: ClientConnection | None = None
         self.opened = False  # whether the session was ever open: only a first session raises at capacity
@@ -132,9 +137,15 @@ class Session:
         """A connection whose session the server confirmed: it answers ``state``, or says it is full."""
         try:
             ws = await connect(self.url, open_timeout=self.patience, ping_interval=None, close_timeout=self.patience,
-                               max_size=None, compression=None, proxy=None)
+                               max_size=None, compression=None, proxy=None, additional_headers=self._headers)
         except InvalidURI as e:
             raise ValueError(f"{self.url} is not a WebSocket URL: {e}; pass the server's http:// address") from None
+        except InvalidStatus as e:
+            if e.response.status_code in (401, 403):
+                raise Refused(f"{self.url} refused the session (HTTP {e.response.status_code}): it needs its access "
+                              "token (AgentEnv(url, token=...) or AGENTENV_NB_TOKEN) and a client that sends no "
+                              "foreign Origin") from None
+            raise
         try:
             await _exchange(ws, {"type": "state"}, self.patience, "patience", self.url)
         except BaseException:

@@ -1,7 +1,8 @@
 """A Dockerfile read as a local process's recipe: a plain-Python MCP server's image, ``FROM python``, its COPYs
 laid out in one folder, its ``pip install`` requirements checked against this Python. Only a Dockerfile of ``RUNS``
 reads so; any other line is refused by number, with what to do. With ``pip_install`` (AGENTENV_NB_PIP_INSTALL=1) a
-missing requirement is installed, not refused; an installed version outside a requirement's range is only logged,
+missing requirement pinned by name and version (``name==1.2.3``; no URL, file or VCS) is installed from wheels, logged
+at WARNING, not refused; an installed version outside a requirement's range is only logged,
 since replacing it would change the server's own packages too. The server checks each env so when it starts
 (``dockerfile_problem``), and again when it deploys one (``image.read_image``), with the same code."""
 
@@ -230,7 +231,21 @@ def _require(where: str, requirements: list[tuple[str, Requirement]], pip_instal
         raise ImageError(f"{where} needs packages this Python doesn't have: {listed}. The env runs in this Python, so "
                          f"install them into it: {shlex.join(command)}; or set AGENTENV_NB_PIP_INSTALL=1 to have the "
                          "process sandbox install them")
+    if unpinned := [f"{requirement} ({source})" for source, requirement in missing if not _pinned(requirement)]:
+        raise ImageError(f"{where}: AGENTENV_NB_PIP_INSTALL installs only requirements pinned by name and version "
+                         f"(name==1.2.3), from the package index; not {'; '.join(unpinned)}. Install them into this "
+                         f"Python yourself if you trust them: {shlex.join(command)}")
     if missing:
-        logger.info("%s: installing %s", where, " ".join(command[4:]))
+        # Wheels only: an sdist would run its setup code at install, in the server's own environment.
+        command[4:4] = ["--only-binary", ":all:"]
+        logger.warning("%s: AGENTENV_NB_PIP_INSTALL is on, so the process sandbox installs into this Python "
+                       "(the server's own): %s", where, shlex.join(command[4:]))
         if (done := subprocess.run(command, capture_output=True, text=True)).returncode != 0:
             raise ImageError(f"{where}: `{shlex.join(command)}` failed: {(done.stdout + done.stderr)[-1500:]}")
+
+
+def _pinned(requirement: Requirement) -> bool:
+    """Whether ``requirement`` names one version of a package of the index: ``name==1.2.3``, no URL, file or VCS."""
+    specifiers = list(requirement.specifier)
+    return (requirement.url is None and len(specifiers) == 1 and specifiers[0].operator == "=="
+            and "*" not in specifiers[0].version)

@@ -4,20 +4,17 @@
 
 from __future__ import annotations
 
-import functools
-import os
 import shutil
 import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 from agent_env.config import get_config
 from agent_env.utils.docker.context import extract
 
-from agentenv_nb import settings
 from agentenv_nb.envs.dockerfile import ImageError, read_dockerfile
+from agentenv_nb.envs.workdir import owned_prefix, share_with_envs, work_dir
 from agentenv_nb.envs.zygote import outside_imports
 
 
@@ -49,6 +46,7 @@ def read_image(image, *, pip_install: bool = False) -> EnvImage:
             return _images[key]
         work = Path(tempfile.mkdtemp(prefix=owned_prefix("image"), dir=work_dir()))
         try:
+            share_with_envs(work)  # env processes read their app from it
             archive, context, app = work / "context.tar.gz", work / "context", work / "app"
             get_config().get_object_store_at(url).download_to_file(url, str(archive))
             extract(archive, context)
@@ -59,27 +57,6 @@ def read_image(image, *, pip_install: bool = False) -> EnvImage:
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
-
-
-def work_dir() -> Path:
-    """Where images and env processes' folders go: AGENTENV_NB_WORK_DIR, outside the /tmp a process gets of its own."""
-    path = Path(settings.get("work_dir"))
-    path.mkdir(parents=True, exist_ok=True)
-    _sweep(path)
-    return path
-
-
-@functools.cache
-def _sweep(path: Path) -> None:
-    """Remove the folders a server that no longer runs left in ``path``, once per path."""
-    for left in path.glob("agentenv-nb-*-*-*"):
-        if (owner := left.name.split("-")[3]).isdigit() and not psutil.pid_exists(int(owner)):
-            shutil.rmtree(left, ignore_errors=True)
-
-
-def owned_prefix(kind: str) -> str:
-    """A folder's name prefix: its kind and this server's pid, which tells a later server whether this one runs."""
-    return f"agentenv-nb-{kind}-{os.getpid()}-"
 
 
 def remove_images(keys: set[str] | None = None) -> None:

@@ -16,6 +16,7 @@ import collections
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -31,11 +32,21 @@ from pathlib import Path
 import psutil
 
 from agentenv_nb.envs import zygote
-from agentenv_nb.envs.image import EnvImage, owned_prefix, work_dir
+from agentenv_nb.envs.image import EnvImage
+from agentenv_nb.envs.workdir import env_ids, owned_prefix, work_dir
 
 _POLL_S = 0.01
 _PORT_TRIES = 3  # starts of an env process whose port another process took before it bound it (see free_port)
 _SERVER_LIBRARIES = ("mcp.server.fastmcp", "uvicorn")  # what agentenv_protocol's serve() imports when it runs
+# What an env process keeps of the server's environment: how to find programs, libraries and the locale. Nothing
+# else reaches it (HF_TOKEN, MODAL_TOKEN_SECRET, AGENTENV_NB_TOKEN, cloud keys): only its image's ENV and its deploy's.
+_KEPT = ("PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "VIRTUAL_ENV", "SSL_CERT_FILE", "SSL_CERT_DIR")
+
+
+def env_environment(env: dict[str, str]) -> dict[str, str]:
+    """The environment an env process starts with: ``_KEPT`` and the locale of this one's, then ``env``."""
+    kept = {name: value for name, value in os.environ.items() if name in _KEPT or name.startswith("LC_")}
+    return {**kept, "HOME": "/tmp", **env}
 
 
 class EnvStartError(RuntimeError):
@@ -48,23 +59,32 @@ def private_folders() -> list[str]:
     if os.geteuid() != 0:
         return []
     Path("/data").mkdir(exist_ok=True)
-    read = [work_dir(), Path(sys.prefix), Path(__file__), *(Path(entry) for entry in sys.path if entry)]
-    return ["data"] if any(str(path.resolve()).startswith("/tmp/") for path in read) else ["data", "tmp"]
+    return ["data"] if any(path.startswith("/tmp/") for path in read_paths()) else ["data", "tmp"]
+
+
+def read_paths() -> list[str]:
+    """What an env process reads besides its app: the work dir, this Python and its packages (their real paths)."""
+    read = [work_dir(), Path(sys.base_prefix), Path(sys.prefix), Path(__file__).parent,
+            *(Path(entry) for entry in sys.path if entry)]
+    return sorted({str(path.resolve()) for path in read if path.exists()})
 
 
 @dataclass
 class EnvProcess:
-    """One env process: its pid (its process group's), loopback port and folder."""
+    """One env process: its pid (its process group's), loopback port, folder, and the secret its port requires."""
 
     pid: int
     port: int
     root: Path
+    secret: str
     popen: subprocess.Popen | None = None  # when this process started it; a forking parent reaps its own
+    exits: Path | None = None  # where that parent says how each child ended
     on_kill: Callable[[], None] | None = None  # called once, when it's killed
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        """Where the episode reaches it: the secret rides as the URL's user info, which httpx sends as Basic auth."""
+        return f"http://{zygote.SECRET_USER}:{self.secret}@127.0.0.1:{self.port}"
 
     @property
     def private(self) -> bool:
@@ -85,9 +105,21 @@ class EnvProcess:
         if self.popen is not None:
             self.popen.wait()
         shutil.rmtree(self.root, ignore_errors=True)
+        if self.exits is not None:  # one its parent writes after this stays till the pool closes
+            (self.exits / str(self.pid)).unlink(missing_ok=True)
         on_kill, self.on_kill = self.on_kill, None
         if on_kill is not None:
             on_kill()
+
+    def how_it_ended(self) -> str:
+        """How the process ended: its exit status or the signal that killed it, as far as it's known."""
+        code = self.popen.poll() if self.popen is not None else None
+        if self.exits is not None:
+            with contextlib.suppress(OSError, ValueError):
+                code = int((self.exits / str(self.pid)).read_text())
+        if code is None:
+            return "it ended (how isn't known)"
+        return f"killed by {signal.Signals(-code).name}" if code < 0 else f"it exited with status {code}"
 
     def output(self, chars: int = 2000) -> str:
         with contextlib.suppress(OSError):
@@ -101,14 +133,15 @@ class Pool:
 
     def __init__(self, image: EnvImage, env: dict[str, str], size: int):
         self.image, self.size = image, size
-        self.env = {**image.env, **env, "MCP_HOST": "127.0.0.1"}
-        self.private = private_folders()
+        self.env = env_environment({**image.env, **env, "MCP_HOST": "127.0.0.1"})
+        self.private, self.reads = private_folders(), read_paths()
         self._ready: collections.deque[EnvProcess] = collections.deque()
         self._lock = threading.Lock()  # the ready processes and the counts: held briefly, also on the event loop
         self._forking = threading.Lock()  # the parent's pipe: held while it forks, so off the event loop only
         self._start_timeout = 60.0
         self._wanted, self._closed, self._in_use, self.peak = threading.Event(), False, 0, 0  # peak: most in use yet
         self._zygote, self._thread = None, None  # the forking parent (a Popen); the refilling thread
+        self._exits: Path | None = None  # where the forking parent says how each child ended
 
     async def take(self, start_timeout: float) -> EnvProcess:
         """A ready process no one has used: a warm one, else one started now."""
@@ -166,21 +199,28 @@ class Pool:
                 self._zygote.wait(timeout=5)
             self._zygote.kill()  # does nothing once it has exited
             self._zygote.wait()
+        if self._exits is not None:
+            shutil.rmtree(self._exits, ignore_errors=True)
 
     def _start(self) -> EnvProcess:
         """Start a process: forked from the parent when there's a pool, else a fresh interpreter."""
         root = Path(tempfile.mkdtemp(prefix=owned_prefix("env"), dir=work_dir()))
         try:
-            for name in ("data", "tmp"):
-                (root / name).mkdir()
-            port = free_port()
+            ids = env_ids()
+            for folder in (root, root / "data", root / "tmp"):
+                folder.mkdir(exist_ok=True)
+                if ids is not None:  # the process's own, as the user id it runs as
+                    os.chown(folder, *ids)
+            port, secret = free_port(), secrets.token_urlsafe(24)
             process = {"app_dir": str(self.image.app_dir), "script": str(self.image.script),
                        "args": list(self.image.args), "env": self.env, "port": port, "root": str(root),
-                       "private": self.private}
-            if not self.size:
-                popen = subprocess.Popen([sys.executable, zygote.__file__, "run", json.dumps(process)],
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                return EnvProcess(popen.pid, port, root, popen)
+                       "private": self.private, "secret": secret, "ids": ids, "reads": self.reads}
+            if not self.size:  # the process json on stdin: a command line is every local user's to read
+                popen = subprocess.Popen([sys.executable, zygote.__file__, "run"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env, text=True)
+                popen.stdin.write(json.dumps(process))
+                popen.stdin.close()
+                return EnvProcess(popen.pid, port, root, secret, popen)
             with self._forking:
                 parent = self._zygote_running()
                 parent.stdin.write(json.dumps(process) + "\n")
@@ -188,7 +228,7 @@ class Pool:
                 answer = parent.stdout.readline()
             if not answer:
                 raise EnvStartError(f"the parent that forks {self.image.script.name} exited")
-            return EnvProcess(json.loads(answer)["pid"], port, root)
+            return EnvProcess(json.loads(answer)["pid"], port, root, secret, exits=self._exits)
         except BaseException:
             shutil.rmtree(root, ignore_errors=True)
             raise
@@ -197,10 +237,13 @@ class Pool:
         if self._closed:
             raise EnvStartError("the pool is closed")
         if self._zygote is None or self._zygote.poll() is not None:
+            if self._exits is None:
+                self._exits = Path(tempfile.mkdtemp(prefix=owned_prefix("exits"), dir=work_dir()))
             self._zygote = subprocess.Popen(
-                [sys.executable, zygote.__file__, "fork", json.dumps([*self.image.preload, *_SERVER_LIBRARIES])],
+                [sys.executable, zygote.__file__, "fork", json.dumps([*self.image.preload, *_SERVER_LIBRARIES]),
+                 str(self._exits)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                cwd=self.image.app_dir, env={**os.environ, **self.env}, start_new_session=True)
+                cwd=self.image.app_dir, env=self.env, start_new_session=True)
         return self._zygote
 
     def _refill(self) -> None:

@@ -10,7 +10,7 @@ It's an ``agent_env.sandbox_providers`` plugin (this package's entry point), cho
 ``problems(bundle)`` says which envs of a bundle can't run so, and why. The env must deploy as one server, not
 behind a gateway: its ``envs/<name>/env.toml`` says ``env_provider_type = "server"``. Its Dockerfile must be one a
 process can be (``dockerfile.RUNS``): a line it can't run is refused by number, and a requirement this Python lacks
-is refused by name, with the command that installs it; a server checks every env so as it starts (``check``). Each
+is refused by name, with the command that installs it; a server checks every env so as it starts (``envs.resolve``). Each
 deploy gets a process no episode used, killed with its process group and folder when the episode ends or fails, its
 TTL passes, or the server stops (a server on a thread: ``release``); ``pool`` keeps some started ahead of need. As
 root a process gets its own /data, where a task's ``load_artifact`` stages its file for the env's data plane, and its
@@ -26,6 +26,8 @@ that imported its libraries, 0 to start each as a fresh interpreter when asked; 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import threading
 import tomllib
 import uuid
@@ -43,12 +45,14 @@ from agent_env.providers.sandbox_providers.sandbox_provider import (
 )
 
 from agentenv_nb import settings
-from agentenv_nb.envs.dockerfile import ImageError, dockerfile_problem
+from agentenv_nb.envs import deaths
+from agentenv_nb.envs.dockerfile import dockerfile_problem, read_dockerfile
 from agentenv_nb.envs.image import EnvImage, read_image, remove_images
 from agentenv_nb.envs.pool import EnvProcess, Pool, close_pools, pool_for
 from agentenv_nb.lifecycle import close_at_exit
 
 NAME = "process"
+_WATCH_S = 0.5  # how often a running sandbox checks that its process lives
 _live: dict[str, ProcessSandbox] = {}  # every sandbox not yet terminated, by id: a deploy's teardown finds it here
 _images: dict[str, EnvImage] = {}  # each image prepare_image read, by image_name, for create_sandbox
 # Which servers use each image and pool, by the thread their event loop runs on: a server's release() closes those
@@ -70,13 +74,26 @@ class ProcessSandbox(Sandbox):
     platform = None  # runs this machine's Python, whatever platform the image names
     vnc_url = None
 
-    def __init__(self, process: EnvProcess, port: int, ttl_seconds: float):
-        self.process, self.server = process, threading.get_ident()
+    def __init__(self, process: EnvProcess, port: int, ttl_seconds: float, name: str):
+        self.process, self.server, self.name = process, threading.get_ident(), name
         self.sandbox_id = f"{NAME}-{process.pid}-{uuid.uuid4().hex[:8]}"
         self.tunnel_urls = {port: process.url}
         self._port = port
-        self._expiry = asyncio.get_running_loop().call_later(
-            ttl_seconds, lambda: asyncio.ensure_future(self.terminate()))
+        loop = asyncio.get_running_loop()
+        self._expiry = loop.call_later(ttl_seconds, lambda: asyncio.ensure_future(self.terminate()))
+        self._watch = loop.call_later(_WATCH_S, self._check_alive, deaths.listener())
+
+    def _check_alive(self, reports: list[str] | None) -> None:
+        """Every ``_WATCH_S``, until it's terminated: report the process's death to its episode."""
+        if self.sandbox_id not in _live:
+            return
+        if self.process.alive():
+            self._watch = asyncio.get_running_loop().call_later(_WATCH_S, self._check_alive, reports)
+            return
+        how = self.process.how_it_ended()
+        said = f"; its output ends: {self.process.output(300).strip()!r}" if "status" in how else ""
+        deaths.report(reports, f"the env process of {self.name!r} (pid {self.process.pid}) died mid-episode: "
+                      f"{how}{said}")
 
     def host_port(self, port: int) -> int:
         return self.process.port if port == self._port else port
@@ -84,6 +101,7 @@ class ProcessSandbox(Sandbox):
     async def terminate(self) -> None:
         """Kill the process's group and remove its folder; terminating again does nothing."""
         self._expiry.cancel()
+        self._watch.cancel()
         if _live.pop(self.sandbox_id, None) is not None:
             try:
                 await asyncio.to_thread(self.process.kill)
@@ -149,7 +167,7 @@ class ProcessSandboxProvider(SandboxProvider):
         pool = pool_for(image, env, self.pool)
         _used_by_this_server(pool)
         process = await pool.take(self.start_timeout)
-        sandbox = ProcessSandbox(process, port, timeout)
+        sandbox = ProcessSandbox(process, port, timeout, env.get("ENVIRONMENT_NAME", image_name))
         _live[sandbox.sandbox_id] = sandbox
         return sandbox
 
@@ -176,11 +194,33 @@ def problems(bundle: str | Path, pip_install: bool | None = None) -> dict[str, s
     return found
 
 
-def check(bundle: str | Path) -> None:
-    """Raise ImageError saying what to do when an env of ``bundle`` can't run as a local process here, its
-    requirements included (installed instead with AGENTENV_NB_PIP_INSTALL=1): what a server checks as it starts."""
-    if found := problems(bundle, settings.get("pip_install")):
-        raise ImageError("the process sandbox can't run " + "; ".join(f"{name}: {why}" for name, why in found.items()))
+def trial(bundle: str | Path) -> None:
+    """Start each env of ``bundle`` once as an episode would, and stop it: raise ImageError for a requirement this
+    Python lacks (installed instead with AGENTENV_NB_PIP_INSTALL=1), and EnvStartError with the env's name and output
+    when one exits or doesn't listen (an import error, say), so the server doesn't start to fail every episode."""
+    import concurrent.futures
+
+    from agentenv_nb.envs.pool import EnvStartError, Pool
+    from agentenv_nb.envs.workdir import owned_prefix, share_with_envs, work_dir
+
+    timeout = settings.get("env_start_timeout")
+
+    async def start(image: EnvImage, name: str) -> None:
+        (await Pool(image, {"ENVIRONMENT_NAME": name}, 0).take(timeout)).kill()
+
+    for name, folder in bundle_envs(bundle).items():
+        scratch = Path(tempfile.mkdtemp(prefix=owned_prefix("trial"), dir=work_dir()))
+        try:
+            share_with_envs(scratch)
+            read = read_dockerfile(f"envs/{name}/Dockerfile", folder, scratch / "app",
+                                   (folder / "Dockerfile").read_text(), settings.get("pip_install"))
+            image = EnvImage(f"trial:{name}", scratch / "app", read.script, read.args, read.env)
+            with concurrent.futures.ThreadPoolExecutor(1) as thread:  # a loop of its own, even inside a notebook's
+                thread.submit(asyncio.run, start(image, name)).result()
+        except EnvStartError as e:
+            raise EnvStartError(f"env {name!r} of {bundle} can't start as a local process: {e}") from None
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def bundle_envs(bundle: str | Path) -> dict[str, Path]:

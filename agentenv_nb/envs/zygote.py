@@ -3,13 +3,18 @@
 Run as a script, so nothing of the package is imported into the env (the package imports it for its marks and
 ``outside_imports``)::
 
-    python zygote.py run '<process json>'     # become the env: a fresh interpreter, as `python server.py` is
-    python zygote.py fork '<module list>'     # import the modules once, then fork a child per line on stdin
+    python zygote.py run < '<process json>'   # become the env: a fresh interpreter, as `python server.py` is
+    python zygote.py fork '<module list>' EXITS  # import the modules once, then fork a child per line on stdin
 
-A process json holds ``app_dir``, ``script``, ``args``, ``env``, ``port``, ``root`` (the process's own folder: its
-``log`` takes the output, and ``ready`` appears once it listens) and ``private``: the folders under ``root`` (``data``,
-``tmp``) to mount at ``/data`` and ``/tmp`` in a mount namespace of its own, so a file staged for it, or its sqlite in
-/tmp, is its alone. A forked child answers ``{"pid": ...}``; it has a session of its own, so killing its group kills
+A process json holds ``app_dir``, ``script``, ``args``, ``env`` (its whole environment), ``port``, ``root`` (the
+process's own folder: its ``log`` takes the output, and ``ready`` appears once it listens), ``private``: the folders
+under ``root`` (``data``, ``tmp``) to mount at ``/data`` and ``/tmp`` in a mount namespace of its own, so a file staged
+for it, or its sqlite in /tmp, is its alone; ``ids``: the user and group ids to run as (a server running as root
+gives each process a user id of its own), or None; and ``secret``: what its port requires. Every request to the env's
+server must carry it as Basic auth (user ``SECRET_USER``), or gets 401: a guard wraps the app uvicorn loads, and the
+process is marked ready only once its server is guarded, so another local process (another episode's env among them)
+can't call it. This relies on uvicorn's ``Config.load`` setting ``Config.loaded_app`` (a test fails when that
+changes). A forked child answers ``{"pid": ...}``; it has a session of its own, so killing its group kills
 all it started, and it dies with the forking parent. The parent kills its children, removes their folders and exits
 when its stdin closes, as it does when the server dies.
 """
@@ -23,6 +28,7 @@ import runpy
 import shutil
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -35,6 +41,8 @@ _CLONE_NEWNS, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x20000, 4096, 16384, 1 << 18
 _PR_SET_PDEATHSIG = 1
 PRIVATE_MARK = "private"  # written in root once /data (and /tmp) are the process's own
 READY_MARK = "ready"  # written in root once the server listens
+SECRET_USER = "agentenv"
+_guarded = threading.Event()  # set once the env's server app is wrapped in the secret's guard
 
 
 def become(process: dict) -> None:
@@ -43,7 +51,6 @@ def become(process: dict) -> None:
     try:
         os.setsid()
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         root = os.open(process["root"], os.O_RDONLY)
         log = os.open("log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600, dir_fd=root)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -53,10 +60,19 @@ def become(process: dict) -> None:
         if process["private"]:
             _private(libc, process["root"], process["private"])
             os.close(os.open(PRIVATE_MARK, os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=root))
+        if process["ids"]:
+            _reveal(libc, process["reads"])
+            uid, gid = process["ids"]
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # after the ids change, which clears it
+        _guard_uvicorn(process["secret"])
         threading.Thread(target=_mark_ready, args=(process["port"], root), daemon=True).start()
         # Plain-text logging, set first, so a server's own basicConfig (FastMCP's renders each traceback with rich,
         # about 0.1 s of CPU for the one every MCP session's close logs) leaves it be.
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        os.environ.clear()
         os.environ.update(process["env"])
         os.environ["MCP_PORT"] = str(process["port"])
         os.chdir(process["app_dir"])
@@ -83,7 +99,40 @@ def _mark_ready(port: int, root: int) -> None:
     server's bind fails and the process exits, saying so, rather than the episode talking to another env."""
     while not (_accepts(port) and _listening_here(port)):  # the cheap check first, the tables once it passes
         time.sleep(0.005)
+    if not _guarded.is_set():
+        print("agentenv_nb: the env's server isn't uvicorn's, so its port can't require the episode's secret; the "
+              "process sandbox runs only envs served by uvicorn (FastMCP, agentenv_protocol)", file=sys.stderr)
+        os._exit(3)
     os.close(os.open(READY_MARK, os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=root))
+
+
+def _guard_uvicorn(secret: str) -> None:
+    """Wrap every app uvicorn loads in this process in a guard requiring ``secret`` as Basic auth."""
+    import base64
+    import hmac
+
+    import uvicorn.config
+
+    expected = b"Basic " + base64.b64encode(f"{SECRET_USER}:{secret}".encode())
+    load = uvicorn.config.Config.load
+
+    def guarded_load(config) -> None:
+        load(config)
+        app = config.loaded_app
+
+        async def guarded(scope, receive, send):
+            if scope["type"] in ("http", "websocket") and not hmac.compare_digest(
+                    dict(scope.get("headers") or []).get(b"authorization", b""), expected):
+                if scope["type"] == "websocket":
+                    return await send({"type": "websocket.close", "code": 1008})
+                await send({"type": "http.response.start", "status": 401, "headers": [(b"content-length", b"0")]})
+                return await send({"type": "http.response.body", "body": b""})
+            return await app(scope, receive, send)
+
+        config.loaded_app = guarded
+        _guarded.set()
+
+    uvicorn.config.Config.load = guarded_load
 
 
 def _accepts(port: int) -> bool:
@@ -145,6 +194,33 @@ def _private(libc, root: str, names: list) -> None:
         check(libc.mount(source, target, None, _MS_BIND | _MS_REC, None), f"binding {root}/{name} at /{name}")
 
 
+def _reveal(libc, reads: list) -> None:
+    """Let a process that will run as another user reach ``reads`` (this Python, under a 0700 /root say): each folder
+    on their way that others can't enter is covered, in this mount namespace, by an empty one they can, holding only
+    what is on the way, bound from the original. The rest of it (a token under /root, say) stays out of reach."""
+    def check(result: int, what: str) -> None:
+        if result != 0:
+            raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+
+    on_the_way: dict[str, set] = {}
+    for read in reads:
+        parts = read.strip("/").split("/")
+        for depth in range(1, len(parts)):
+            on_the_way.setdefault("/" + "/".join(parts[:depth]), set()).add(parts[depth])
+    for folder in sorted(on_the_way, key=lambda path: path.count("/")):
+        if os.stat(folder).st_mode & 0o001 or folder in reads:  # others may enter it, or it is read whole
+            continue
+        # Held open by descriptor: once the folder is covered, its children are reached through these alone.
+        held = [(child, os.open(os.path.join(folder, child), os.O_PATH)) for child in sorted(on_the_way[folder])]
+        check(libc.mount(b"tmpfs", folder.encode(), b"tmpfs", 0, b"mode=0711"), f"covering {folder}")
+        for child, fd in held:
+            target = os.path.join(folder, child)
+            os.mkdir(target) if stat.S_ISDIR(os.fstat(fd).st_mode) else open(target, "w").close()
+            check(libc.mount(f"/proc/self/fd/{fd}".encode(), target.encode(), None, _MS_BIND | _MS_REC, None),
+                  f"revealing {target}")
+            os.close(fd)
+
+
 def outside_imports(app: Path) -> tuple:
     """The top-level modules the app's Python files import that aren't its own: what a forking parent imports first
     (``EnvImage.preload``), so each fork finds them loaded."""
@@ -163,16 +239,34 @@ def outside_imports(app: Path) -> tuple:
     return tuple(sorted(found - local - {"__future__"}))
 
 
-def serve_forks(modules: list) -> None:
+def serve_forks(modules: list, exits: str) -> None:
     """Import ``modules``, then fork a child per JSON line on stdin until it closes; then kill the children still
-    running and remove their folders, as the server would have."""
+    running and remove their folders, as the server would have. As each child ends, the file ``exits/<pid>`` says
+    how: its exit status, or minus the signal that killed it (outside its folder, which the server may be removing)."""
     for module in modules:
         try:
             __import__(module)
         except BaseException:  # the child imports it again and reports what fails
             pass
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped as they exit
     children = {}
+
+    def reap(*_) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            try:
+                children.pop(pid, None)
+                with open(os.path.join(exits, str(pid)), "w") as mark:
+                    mark.write(str(code))
+            except OSError:  # the pool is closing, and its folder with it
+                pass
+
+    signal.signal(signal.SIGCHLD, reap)
     for line in sys.stdin:
         process = json.loads(line)
         pid = os.fork()
@@ -182,7 +276,7 @@ def serve_forks(modules: list) -> None:
         children[pid] = process["root"]
         sys.stdout.write(json.dumps({"pid": pid}) + "\n")
         sys.stdout.flush()
-    for pid, root in children.items():
+    for pid, root in list(children.items()):
         if os.path.isdir(root):  # the server removes the folder of each child it kills
             try:
                 os.killpg(pid, signal.SIGKILL)
@@ -192,8 +286,7 @@ def serve_forks(modules: list) -> None:
 
 
 if __name__ == "__main__":
-    mode, payload = sys.argv[1], json.loads(sys.argv[2])
-    if mode == "run":
-        become(payload)
+    if sys.argv[1] == "run":
+        become(json.loads(sys.stdin.read()))
     else:
-        serve_forks(payload)
+        serve_forks(json.loads(sys.argv[2]), sys.argv[3])

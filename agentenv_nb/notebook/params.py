@@ -44,7 +44,7 @@ def _overrides(defaults: dict[str, Any], kind: Callable[[str], type]) -> dict[st
     return found
 
 
-TINY_RUN = GRPORun(bundle="gridsim-tiny", preset="cpu-tiny", sandbox="process", save_steps=2, max_concurrent_envs=16,
+TINY_RUN = GRPORun(bundle="gridsim-tiny", preset="cpu-tiny", sandbox="process", save_steps=2,
                    server_processes=0)
 """Notebook 03's tiny run: the tiny bundle and model on CPU, the preset's 4 steps, the envs on a thread."""
 TINY = {**{name: str(value) for name, value in TINY_RUN.changed().items()}, "MODEL": "tiny", "EVAL_DAYS": "8",

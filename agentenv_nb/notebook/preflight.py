@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import pandas as pd
 
+from agentenv_nb import settings
 from agentenv_nb.client.agentenv import describe_server
 from agentenv_nb.envs.choice import MODAL
 from agentenv_nb.envs.modal_credentials import MODAL_HOW_TO, find_modal_credentials
@@ -135,13 +136,18 @@ def check_server(env, split: str, timeout: float = 10.0) -> list[dict]:
     url = server_url(env)
     start = ("start it on the env host: python -m agentenv_nb.serve BUNDLE --host 0.0.0.0 --port 8000 "
              "--max-concurrent-envs 64 (docs/env-host.md), or use AgentEnv.local(BUNDLE)")
+    token = env.token if hasattr(env, "token") else settings.get("token")
     try:
-        with httpx.Client(timeout=timeout, trust_env=False) as http:
+        with httpx.Client(timeout=timeout, trust_env=False,
+                          headers={"Authorization": f"Bearer {token}"} if token else None) as http:
             name, splits = describe_server(http, url)
             if split not in splits:
                 return [_row("env server", "fail", f"{url} serves {name} with splits {', '.join(splits)}; no {split!r}",
                              f"use one of them (split=...), or serve a bundle with an eval named {split!r}")]
             count = http.post(f"{url}/{name}/num_tasks", json={"split": split}).raise_for_status().json()["num_tasks"]
+    except PermissionError as error:
+        return [_row("env server", "fail", str(error), "pass the token the server printed: AgentEnv(url, token=...) "
+                     "or AGENTENV_NB_TOKEN")]
     except (ConnectionError, httpx.HTTPError, ValueError, KeyError) as error:
         return [_row("env server", "fail", f"{type(error).__name__}: {error}", start)]
     if not count:
@@ -185,20 +191,10 @@ def check_thinking(trainer_args, tokenizer=None) -> list[dict]:
     return [_row("thinking", "ok", f"thinking {'on' if thinking else 'off'}, max_completion_length={budget}")]
 
 
-def capacity_problem(trainer_args, max_concurrent_envs: int, environments: int = 1) -> str | None:
-    """Why ``max_concurrent_envs`` can't hold the sessions the trainer opens at once, or None when it can."""
-    from agentenv_nb.train.presets import concurrent_sessions
-
-    needed = concurrent_sessions(trainer_args, environments)
-    if max_concurrent_envs >= needed:
-        return None
-    return (f"the env server's max_concurrent_envs={max_concurrent_envs} is below the {needed} sessions this trainer "
-            "opens at once (a step's rollouts or an eval batch, whichever is larger), so the server refuses the rest "
-            f"(CAPACITY_REACHED); serve with --max-concurrent-envs {needed} or more, or lower the trainer's batch")
-
-
 def capacity_warning(trainer_args, max_concurrent_envs: int | None, environments: int = 1) -> str | None:
     """Warn (CapacityWarning) when the server can't hold the trainer's sessions; return the warning or None."""
+    from agentenv_nb.train.sessions import capacity_problem
+
     problem = None if max_concurrent_envs is None else capacity_problem(trainer_args, max_concurrent_envs, environments)
     if problem:
         warnings.warn(problem, CapacityWarning, stacklevel=3)

@@ -53,8 +53,8 @@ def parser() -> argparse.ArgumentParser:
     _option(p, "sandbox", choices=SANDBOXES)
     _option(p, "max_steps", type=_positive)
     _option(p, "save_steps", type=_counting)
-    _option(p, "max_concurrent_envs", type=_positive, default=None, help="sessions the env servers hold in all; "
-            "default: sized for every rank, N x (a rank's rollouts of a step + its eval batch)")
+    p.add_argument("--max-concurrent-envs", type=_positive, help="sessions the env servers hold in all; default: "
+                   "sized for every rank: the larger of a step's rollouts and an eval batch, every rank's")
     _option(p, "server_processes", type=_counting)  # rank 0's, for every rank
     p.add_argument("--env-url", action="append", metavar="URL", help="play envs served elsewhere (python -m "
                    "agentenv_nb.serve on an env host) instead of serving here; repeat for several servers")
@@ -126,20 +126,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def where_to_serve(args) -> tuple:
-    """The bundle's folder (fetched if need be) and its sandbox, on the process that will serve it, before anything
-    slow starts: an unknown bundle or an impossible sandbox is said at once."""
-    from agentenv_nb.envs.choice import SandboxError, choose_sandbox
+def where_to_serve(args):
+    """The bundle resolved (``envs.resolve``: fetched if need be, its sandbox chosen, its envs checked) on the process
+    that will serve it, before anything slow starts: an unknown bundle or an impossible sandbox is said at once."""
+    from agentenv_nb.envs.choice import SandboxError
+    from agentenv_nb.envs.resolve import resolve
     from agentenv_nb.tasks import bundles
 
     try:
-        bundle = bundles.get_bundle(args.bundle, args.bundles_dir)
-        return bundle, choose_sandbox(bundle, force=None if args.sandbox == "auto" else args.sandbox).name
-    except (bundles.UnknownBundle, SandboxError) as error:
+        return resolve(args.bundle, None if args.sandbox == "auto" else args.sandbox, bundle_dir=args.bundles_dir)
+    except (bundles.UnknownBundle, SandboxError, ValueError, RuntimeError) as error:  # ValueError: a bad setting
         raise UsageError(str(error)) from None
 
 
-def train(args, model_name: str, serving: tuple | None) -> None:
+def train(args, model_name: str, serving) -> None:
     """Notebook 03's cells on this rank: configure, serve (rank 0) or connect, load, train, save the state, and
     (rank 0) export the trained model."""
     from agentenv_nb.stack import import_unsloth
@@ -159,22 +159,23 @@ def train(args, model_name: str, serving: tuple | None) -> None:
         _train(args, model_name, serving, config, state)
 
 
-def _train(args, model_name: str, serving: tuple | None, config, state) -> None:
-    from agentenv_nb.train import models, presets
+def _train(args, model_name: str, serving, config, state) -> None:
+    from agentenv_nb.train import models
     from agentenv_nb.train.export import export_model
     from agentenv_nb.train.grpo import GRPOTrainer
     from agentenv_nb.train.fit import fit
     from agentenv_nb.train.progress import ConsoleLivePlot
-    from agentenv_nb.train.ranks import capacity_problem, close_for_ranks, envs_for_ranks, sized_for_ranks
+    from agentenv_nb.train.ranks import close_for_ranks, envs_for_ranks
+    from agentenv_nb.train.sessions import capacity_problem, sessions_needed
 
-    limit = args.max_concurrent_envs or (None if args.env_url else sized_for_ranks(config))
+    limit = args.max_concurrent_envs or (None if args.env_url else sessions_needed(config))
     if limit is None:
         print(f"the env servers' session limit wasn't given, so it isn't checked: {state.num_processes} rank(s) open "
-              f"up to {presets.concurrent_sessions(config)} sessions at once (--max-concurrent-envs to check)")
+              f"up to {sessions_needed(config)} sessions at once (--max-concurrent-envs to check)")
     elif problem := capacity_problem(config, limit):
         raise UsageError(problem)
     else:
-        print(f"{state.num_processes} process(es) open up to {presets.concurrent_sessions(config)} env sessions at "
+        print(f"{state.num_processes} process(es) open up to {sessions_needed(config)} env sessions at "
               f"once; the env servers hold {limit}")
     try:
         env = envs_for_ranks(state, lambda: _serve(args, serving, limit), urls=args.env_url)
@@ -201,10 +202,12 @@ def _train(args, model_name: str, serving: tuple | None, config, state) -> None:
           f"{config.output_dir}")
 
 
-def _serve(args, serving: tuple, limit: int):
-    """Rank 0's servers for every rank: the bundle served from ``--server-processes`` processes, as notebook 03."""
+def _serve(args, serving, limit: int):
+    """Rank 0's servers for every rank: the resolved bundle served from ``--server-processes`` processes, holding
+    ``limit`` sessions, as notebook 03."""
+    from dataclasses import replace
+
     from agentenv_nb import AgentEnv
 
-    bundle, sandbox = serving
-    return AgentEnv.local(bundle, split="train", sandbox=sandbox, max_concurrent_envs=limit,
+    return AgentEnv.local(replace(serving, max_concurrent_envs=limit), split="train",
                           processes=args.server_processes)

@@ -313,14 +313,3 @@ def grpo_config(preset: Preset | str, **kwargs: Any):
 def sft_config(preset: Preset | str, **kwargs: Any):
     """A checked ``trl.SFTConfig`` for ``preset`` (arguments as ``sft_kwargs``); imports unsloth first."""
     return configs.build("SFTConfig", sft_kwargs(preset, **kwargs))
-
-
-def concurrent_sessions(config, environments: int = 1) -> int:
-    """How many env sessions a GRPO config holds open at once: the server's ``max_concurrent_envs`` must cover it.
-
-    TRL pools environment instances per environment class and reuses them for training and eval, so
-    the pool grows to the larger of a generation batch (all rollouts of a step) and an eval batch;
-    ``environments`` is the number of classes of a dict ``environment_factory``.
-    """
-    eval_batch = config.per_device_eval_batch_size * config.world_size if config.eval_strategy != "no" else 0
-    return environments * max(config.generation_batch_size, eval_batch)

@@ -33,8 +33,6 @@ class GRPORun:
                                       "(Docker)")
     max_steps: int | None = _parameter(None, "the step to train to; unset (None): the preset's max_steps")
     save_steps: int = _parameter(5, "a checkpoint every few steps, to resume from (0: none)")
-    max_concurrent_envs: int = _parameter(64, "sessions the env servers hold: a step's 32 rollouts and an eval "
-                                              "batch's 32")
     server_processes: int = _parameter(8, "env servers beside the trainer, off its GIL; 0: a thread of this process")
     report_to: str = _parameter("none", "also log to 'tensorboard', 'trackio' or 'wandb': reward and every score, by "
                                         "step")

@@ -17,7 +17,6 @@ import os
 import statistics
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest

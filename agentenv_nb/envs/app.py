@@ -1,0 +1,50 @@
+"""A resolved bundle's OpenEnv app: ``agent_env.openenv.build_app`` behind the kit's ``guard``, with the log
+filters a server needs, for any way of serving it (a thread, server processes, the serve command).
+
+    app = build(resolve("bundles/gridsim-tiny", sandbox="process"), token="s3cret")
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from agentenv_nb import settings
+from agentenv_nb.envs import tls
+from agentenv_nb.envs.guard import Guard
+from agentenv_nb.envs.resolve import Resolved
+
+Reward = str | Callable[[dict[str, float]], float] | None  # a step id, or a function of the scores by step id
+
+
+def build(resolved: Resolved, *, reward: Reward = None, token: str | None = None):
+    """The bundle's OpenEnv app, every task as the split ``all`` plus one split per eval, requiring ``token`` when
+    given and closing sessions idle for AGENTENV_NB_IDLE_TIMEOUT (``guard.Guard``)."""
+    from agent_env.a2a_agent import conversation_store
+    from agent_env.openenv import build_app
+
+    tls.share_default_context()  # agent_env makes an httpx client a request: each would parse the CA bundle again
+    # The store looks conversations up by fields only these indexes serve; without them every lookup parses every
+    # conversation it holds, and a long run's episodes slow down as it grows (docs/benchmarks.md).
+    conversation_store.ensure_indexes()
+    # The episode's agent proxy is polled at an a2a card path a2a calls deprecated: one warning a poll, no news.
+    logging.getLogger("a2a.server.apps.jsonrpc.jsonrpc_app").setLevel(logging.ERROR)
+    # An episode's end closes its in-process agent proxy while the env's long poll is still open: uvicorn says it
+    # cancelled 0 tasks, and the proxy logs the poll's ClientDisconnect as an error with a traceback. Nothing failed.
+    logging.getLogger("uvicorn.error").addFilter(_not_an_idle_shutdown)
+    logging.getLogger("agentenv_protocol.a2a_agent.framework").addFilter(_not_a_client_disconnect)
+    app = build_app(resolved.folder, reward=reward, sandbox=resolved.sandbox,
+                    max_concurrent_envs=resolved.max_concurrent_envs)
+    return Guard(app, token, settings.get("idle_timeout"))
+
+
+def warnings_and_up(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING
+
+
+def _not_an_idle_shutdown(record: logging.LogRecord) -> bool:
+    return not (str(record.msg).startswith("Cancel %s running task(s)") and record.args == (0,))
+
+
+def _not_a_client_disconnect(record: logging.LogRecord) -> bool:
+    return not (record.exc_info and type(record.exc_info[1]).__name__ == "ClientDisconnect")

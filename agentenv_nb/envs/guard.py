@@ -1,0 +1,119 @@
+"""Who may use an env server, as ASGI middleware around ``agent_env.openenv.build_app``'s app::
+
+    app = Guard(build_app(bundle, sandbox="process"), token="s3cret", idle_timeout=600)
+
+- With a token, every HTTP request and WebSocket handshake must carry ``Authorization: Bearer <token>``; an HTTP
+  request without it gets 401, a WebSocket is refused before it opens (HTTP 403).
+- A WebSocket handshake whose ``Origin`` isn't the server's own (a web page in a browser on the host) is refused:
+  clients that aren't browsers send none.
+- Episodes are played over ``/ws`` only, one a connection, so each counts against ``max_concurrent_envs``: OpenEnv's
+  HTTP ``/reset``, ``/step``, ``/mcp`` and other WebSocket routes, which make envs past that limit, answer 404.
+- An error a ``/ws`` client gets after an env process of its episode died says which env and how (``deaths``); no
+  frame shows an env process's URL, which holds its episode's secret; a reset whose index or split is of the wrong
+  kind gets an INVALID_INPUT error frame.
+- A ``/ws`` session that sends nothing for ``idle_timeout`` seconds while the server waits on it is closed (code
+  4408), freeing its slot; its episode ends with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import re
+from urllib.parse import urlsplit
+
+from agentenv_nb.envs import deaths
+
+IDLE_CLOSE = 4408  # a WebSocket close code of the private range: "idle for too long"
+# The HTTP routes that read tasks or describe the server; none makes an env.
+_ENV_URL = re.compile(r"https?://agentenv:[^@\s/]+@127\.0\.0\.1:\d+[^\s'\"]*")  # an env process's, as pool.EnvProcess.url
+_READ_ONLY = re.compile(r"/(health|metadata|schema|list_environments|docs|docs/oauth2-redirect|redoc|openapi\.json"
+                        r"|[^/]+/(splits|tasks|num_tasks|task|task_range))")
+
+
+class Guard:
+    """Refuse requests without the token, foreign origins and the routes that make envs outside ``/ws``; close idle
+    sessions (see the module docstring)."""
+
+    def __init__(self, app, token: str | None, idle_timeout: float):
+        self.app, self.idle_timeout = app, idle_timeout
+        self._expected = f"Bearer {token}".encode() if token else None
+
+    async def __call__(self, scope, receive, send):
+        kind = scope["type"]
+        if kind not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        if self._expected is not None and not hmac.compare_digest(headers.get(b"authorization", b""),
+                                                                  self._expected):
+            return await _refuse(kind, send, 401, "this server needs its access token: AgentEnv(url, token=...) "
+                                 "or AGENTENV_NB_TOKEN")
+        path = scope.get("path", "")
+        if kind == "http":
+            if not _READ_ONLY.fullmatch(path):
+                return await _refuse(kind, send, 404, f"{path} isn't served here: episodes are played over /ws, "
+                                     "one a connection")
+            return await self.app(scope, receive, send)
+        if path != "/ws" or b"session_id" in scope.get("query_string", b""):
+            return await _refuse(kind, send, 404, "episodes are played over /ws, one a connection")
+        origin = headers.get(b"origin")
+        if origin is not None and urlsplit(origin.decode("latin-1")).netloc != headers.get(b"host", b"").decode():
+            return await _refuse(kind, send, 403, "a WebSocket from another origin (a web page) isn't served")
+        reports = deaths.watch()
+
+        async def telling_deaths(message):
+            if message["type"] == "websocket.send" and message.get("text"):
+                text = _ENV_URL.sub("the env's server", message["text"])  # its URL holds the episode's secret
+                message = {**message, "text": deaths.amended(text, reports)}
+            await send(message)
+
+        return await self.app(scope, self._idle_closing(receive, send), telling_deaths)
+
+    def _idle_closing(self, receive, send):
+        """``receive`` that closes the connection, and tells the app it closed, when the client is silent for
+        ``idle_timeout`` seconds."""
+        async def idle_closing():
+            while True:
+                try:
+                    message = await asyncio.wait_for(receive(), self.idle_timeout)
+                except TimeoutError:
+                    await send({"type": "websocket.close", "code": IDLE_CLOSE,
+                                "reason": f"idle for {self.idle_timeout:g} s (AGENTENV_NB_IDLE_TIMEOUT)"})
+                    return {"type": "websocket.disconnect", "code": IDLE_CLOSE}
+                if not (problem := _bad_reset(message)):
+                    return message
+                await send({"type": "websocket.send",
+                            "text": json.dumps({"type": "error", "data": {"code": "INVALID_INPUT", "message": problem}})})
+
+        return idle_closing
+
+
+def _bad_reset(message) -> str | None:
+    """What is wrong with a reset whose split or index isn't of the kind a task is named by, or None."""
+    if message.get("type") != "websocket.receive" or '"reset"' not in (message.get("text") or ""):
+        return None
+    try:
+        frame = json.loads(message["text"])
+    except ValueError:
+        return None
+    data = frame.get("data") if isinstance(frame, dict) and frame.get("type") == "reset" else None
+    if not isinstance(data, dict):
+        return None
+    index, split = data.get("index", 0), data.get("split", "all")
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        return f"a reset's index is a task's number in its split (0, 1, ...), not {json.dumps(index)[:40]}"
+    if not isinstance(split, str):
+        return f"a reset's split is a split's name ('all', 'train', ...), not {json.dumps(split)[:40]}"
+    return None
+
+
+async def _refuse(kind: str, send, status: int, message: str) -> None:
+    """An HTTP error with ``message``; a WebSocket closed before it opens, which uvicorn answers with HTTP 403 (its
+    denial responses with a body log an error in uvicorn 0.54's default WebSocket protocol)."""
+    if kind == "websocket":
+        return await send({"type": "websocket.close", "code": 1008, "reason": message})
+    body = json.dumps({"detail": message}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,116 @@
+"""Serve a resolved bundle from server processes beside this one, for ``AgentEnv.local(..., processes=N)``: each a
+``python -m agentenv_nb.serve`` on a loopback socket this process bound, handed the ``Resolved`` bundle and the token
+instead of resolving again, so sessions deploy, play and score on other cores than the trainer's.
+
+    with serve_in_processes("bundles/gridsim-tiny", processes=4, sandbox="process") as servers:
+        env = AgentEnv(servers.urls, token=servers.token)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+
+from agentenv_nb import settings
+from agentenv_nb.envs.resolve import Resolved, resolve
+from agentenv_nb.envs.serving import new_token
+from agentenv_nb.lifecycle import close_at_exit
+
+
+class ServerProcesses:
+    """``processes`` servers of one resolved bundle: ``urls``, one a server, their ``token``, the sessions they hold
+    together (``max_concurrent_envs``), and ``close()`` (also at exit). A server process also stops when this
+    process dies (its stdin closes)."""
+
+    def __init__(self, resolved: Resolved, processes: int, host: str, reward: str | None, token: str,
+                 start_timeout: float, shutdown_timeout: float, env: dict[str, str] | None = None):
+        from agentenv_nb.envs.workdir import owned_prefix, work_dir
+
+        self._shutdown_timeout, self.processes, self.urls, self.token = shutdown_timeout, [], [], token
+        self.max_concurrent_envs = resolved.max_concurrent_envs * processes
+        self.logs = Path(tempfile.mkdtemp(prefix=owned_prefix("servers"), dir=work_dir()))  # private, swept if left
+        close_at_exit(self.close)
+        options = ["--resolved", resolved.to_json(), *(["--reward", reward] if reward else [])]
+        env = {**(os.environ if env is None else env), settings.SETTINGS["token"].variable: token}
+        try:
+            for i in range(processes):
+                with socket.create_server((host, 0)) as listening:
+                    log = self.logs / f"server-{i}.log"
+                    command = [sys.executable, "-m", "agentenv_nb.serve", "--fd", str(listening.fileno()), *options]
+                    with log.open("wb") as out:
+                        self.processes.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=out,
+                                                                stderr=subprocess.STDOUT, env=env,
+                                                                pass_fds=(listening.fileno(),)))
+                    self.urls.append("http://{}:{}".format(*listening.getsockname()[:2]))
+            self._wait_healthy(start_timeout)
+        except BaseException as e:
+            self.close(keep_logs=isinstance(e, TimeoutError))  # its message points at them; others quote them
+            raise
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline, waiting = time.monotonic() + timeout, dict(enumerate(self.urls))
+        with httpx.Client(timeout=2.0, trust_env=False, headers={"Authorization": f"Bearer {self.token}"}) as client:
+            while waiting:
+                for i, url in list(waiting.items()):
+                    if self.processes[i].poll() is not None:
+                        tail = (self.logs / f"server-{i}.log").read_text(errors="replace")[-2000:]
+                        raise RuntimeError(f"server process {i} for {url} exited while starting:\n{tail}")
+                    try:
+                        if client.get(f"{url}/health").status_code == 200:
+                            del waiting[i]
+                    except httpx.TransportError:
+                        pass
+                if waiting and time.monotonic() > deadline:
+                    raise TimeoutError(f"{len(waiting)} server process(es) didn't answer /health within "
+                                       f"start_timeout={timeout:g}s; their logs are in {self.logs}")
+                time.sleep(0.1 if waiting else 0)
+
+    def close(self, keep_logs: bool = False) -> None:
+        """Stop every server: SIGTERM, which tears down its open episodes; SIGKILL after the shutdown timeout. Their
+        logs (``logs``, while they run) go too, unless ``keep_logs``."""
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+        deadline = time.monotonic() + self._shutdown_timeout + 5
+        for process in self.processes:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            if process.stdin:
+                process.stdin.close()
+        if not keep_logs:
+            shutil.rmtree(self.logs, ignore_errors=True)
+
+    def __enter__(self) -> ServerProcesses:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def serve_in_processes(bundle: str | Path | Resolved, processes: int, host: str = "127.0.0.1",
+                       sandbox: str | None = None, max_concurrent_envs: int | None = None, reward: str | None = None,
+                       token: str | None = None, start_timeout: float = 120.0, shutdown_timeout: float = 30.0,
+                       env: dict[str, str] | None = None, bundle_dir: str | Path = "bundles") -> ServerProcesses:
+    """Serve ``bundle`` (resolved here first, see ``resolve``) from ``processes`` subprocesses,
+    ``max_concurrent_envs`` sessions among them (each takes its share, rounded up); returns once each answers
+    ``/health``. ``reward`` must be a step id here: a function can't cross to another process. ``env``: the servers'
+    environment variables, if not this process's."""
+    if callable(reward):
+        raise ValueError("reward= is a function, which can't reach a server process: pass the step id whose score "
+                         "is the reward, or serve on a thread (processes=0)")
+    resolved = resolve(bundle, sandbox, max_concurrent_envs, bundle_dir)
+    resolved = replace(resolved, max_concurrent_envs=-(-resolved.max_concurrent_envs // processes))
+    return ServerProcesses(resolved, processes, host, reward, settings.get("token", token) or new_token(),
+                           start_timeout, shutdown_timeout, env)

@@ -1,0 +1,30 @@
+"""How many env sessions a GRPO run holds open at once: the one number the env servers' ``max_concurrent_envs`` is
+sized from, on one GPU or many, and checked against.
+
+    limit = sessions_needed(config)                  # serve with it: AgentEnv.local(bundle, max_concurrent_envs=limit)
+    if problem := capacity_problem(config, served): raise SystemExit(problem)
+
+TRL makes one environment per rollout in flight and reuses them for training and eval, per environment class, so
+its pool grows to the larger of a generation batch (a step's rollouts, every rank's: TRL's config counts the ranks)
+and an eval batch (every rank's); ``environments`` is the number of classes of a dict ``environment_factory``.
+"""
+
+from __future__ import annotations
+
+
+def sessions_needed(config, environments: int = 1) -> int:
+    """The sessions a GRPO run of ``config`` (every rank of it) opens at once."""
+    eval_batch = config.per_device_eval_batch_size * config.world_size if config.eval_strategy != "no" else 0
+    return environments * max(config.generation_batch_size, eval_batch)
+
+
+def capacity_problem(config, max_concurrent_envs: int, environments: int = 1) -> str | None:
+    """Why servers holding ``max_concurrent_envs`` sessions in all can't hold the run's, or None when they can."""
+    needed = sessions_needed(config, environments)
+    if max_concurrent_envs >= needed:
+        return None
+    ranks = config.world_size
+    return (f"the env servers' max_concurrent_envs={max_concurrent_envs} is below the {needed} sessions "
+            f"{'this trainer opens' if ranks == 1 else f'{ranks} ranks open'} at once (a step's rollouts or an eval "
+            "batch, whichever is larger), so the servers refuse the rest (CAPACITY_REACHED); serve with "
+            f"--max-concurrent-envs {needed} or more, or lower the trainer's batch")

@@ -1,0 +1,298 @@
+"""An env host that lets no one in who shouldn't be, tried as an attacker and a careless user would: the serve
+command and servers of AgentEnv.local on loopback, real env processes, real episodes.
+
+- a client without the token, with a wrong one, or from a web page (a foreign Origin), and the HTTP routes that
+  would make envs past the session limit, are refused; an idle session is closed and frees its slot;
+- a local process calling another episode's env process is refused (the episode's secret), env processes run as
+  users of their own without the server's secrets; the work dir is private;
+- bad settings, an env that can't start and an env that dies are said at once, naming what; SIGINT and SIGTERM stop
+  the serve command quietly, leaving nothing behind.
+"""
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from agentenv_nb import settings
+from agentenv_nb.client import AgentEnv
+from agentenv_nb.client.session import Session
+from agentenv_nb.envs.serving import serve_in_thread
+from agentenv_nb.envs.workdir import WorkDirError
+from agentenv_nb.tasks import gridsim
+
+SERVE = [sys.executable, "-m", "agentenv_nb.serve"]
+SECRETS = {"HF_TOKEN": "hf_not_for_envs", "MODAL_TOKEN_SECRET": "modal_not_for_envs"}
+
+
+@pytest.fixture(autouse=True)
+def own_work_dir(tmp_path, monkeypatch):
+    """A work dir and a store of this test's own, the process sandbox, a small pool, and secrets an env mustn't see."""
+    monkeypatch.setenv("AGENTENV_NB_WORK_DIR", str(tmp_path / "work"))
+    monkeypatch.setenv("AGENTENV_NB_ENV_POOL", "2")
+    monkeypatch.setenv("AGENTENV_NB_SANDBOX", "process")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _bundle(root: Path, train: int = 2) -> Path:
+    return gridsim.write_bundle(root, train=train, eval=1)
+
+
+def _play_optimum(play) -> float | None:
+    play.submit_schedule(schedule=gridsim.battery.optimal_schedule(json.loads(play.get_prices())))
+    return play.get_reward()
+
+
+async def _handshake(url: str, headers: dict | None) -> str:
+    """What a raw WebSocket client gets at ``/ws``: ``open``, or the HTTP status refusing it."""
+    try:
+        async with connect(url.replace("http://", "ws://") + "/ws", additional_headers=headers, proxy=None):
+            return "open"
+    except InvalidStatus as e:
+        return str(e.response.status_code)
+
+
+class _ServeCommand:
+    """``python -m agentenv_nb.serve`` as a user starts it; its first line of output, its URL."""
+
+    def __init__(self, bundle: Path, tmp_path: Path, *args: str, env: dict | None = None):
+        self.port = _free_port()
+        self.log = tmp_path / f"serve-{self.port}.log"
+        self.process = subprocess.Popen([*SERVE, str(bundle), "--port", str(self.port), *args],
+                                        stdout=subprocess.PIPE, stderr=self.log.open("w"), text=True,
+                                        env={**os.environ, **(env or {})})
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def wait(self, token: str | None = None, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        while True:
+            assert self.process.poll() is None, self.log.read_text()[-3000:]
+            try:
+                if httpx.get(f"{self.url}/health", headers=headers, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, self.log.read_text()[-3000:]
+            time.sleep(0.3)
+
+    def stop(self, how: signal.Signals) -> tuple[int, str]:
+        self.process.send_signal(how)
+        code = self.process.wait(60)
+        return code, self.log.read_text()
+
+
+# Finding 1: anyone who reaches the port plays
+
+@pytest.mark.slow
+def test_the_serve_command_listens_on_loopback_and_beyond_it_needs_the_token_it_prints_once(tmp_path):
+    bundle = _bundle(tmp_path / "gridsim")
+    local = _ServeCommand(bundle, tmp_path)
+    local.wait()
+    listening = {c.laddr.ip for c in psutil.Process(local.process.pid).net_connections("tcp") if c.status == "LISTEN"}
+    assert listening == {"127.0.0.1"}
+    code, log = local.stop(signal.SIGINT)
+    assert code == 0 and "Traceback" not in log, log
+
+    wide = _ServeCommand(bundle, tmp_path, "--host", "0.0.0.0")
+    said = next(line for line in wide.process.stdout if "access token" in line)  # after the sandbox's choice
+    token = said.split("access token ")[1].split()[0]
+    wide.wait(token)
+    assert httpx.get(f"{wide.url}/health").status_code == 401
+    assert httpx.get(f"{wide.url}/list_environments", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    with pytest.raises(PermissionError, match="needs its access token, which this AgentEnv lacks"):
+        AgentEnv(wide.url)
+    with AgentEnv(wide.url, token=token) as env:
+        play = env.factory()
+        play.reset(**env.dataset[0])
+        assert _play_optimum(play) == 1.0
+    code, log = wide.stop(signal.SIGTERM)
+    assert code == 0 and "Traceback" not in log and token not in log, log
+    assert token not in wide.process.stdout.read()  # printed once: uvicorn's access log doesn't show it
+    assert sorted(os.listdir(tmp_path / "work")) == []  # images, env folders, server logs and the store all gone
+
+
+def test_no_token_no_wrong_token_no_foreign_origin_and_no_episodes_over_http(tmp_path):
+    with AgentEnv.local(_bundle(tmp_path / "gridsim"), max_concurrent_envs=2) as env:
+        auth = {"Authorization": f"Bearer {env.token}"}
+        assert env.token and len(env.token) >= 32
+        assert httpx.get(f"{env.url}/health").status_code == 401
+        assert httpx.get(f"{env.url}/docs").status_code == 401  # nor the task API and its eval prompts
+        for path in ("/reset", "/step", "/mcp"):  # each would make an env past max_concurrent_envs
+            refused = httpx.post(f"{env.url}{path}", json={}, headers=auth)
+            assert refused.status_code == 404 and "/ws" in refused.json()["detail"], path
+        opened = asyncio.run(_handshake(env.url, {"Authorization": "Bearer wrong"}))
+        foreign = asyncio.run(_handshake(env.url, {**auth, "Origin": "http://evil.example"}))
+        mine = asyncio.run(_handshake(env.url, auth))
+        assert (opened, foreign, mine) == ("403", "403", "open")
+        with pytest.raises(Exception, match="refused the session .*access token"):
+            asyncio.run(Session(env.url, patience=1).open())
+
+
+def test_an_idle_session_is_closed_and_frees_its_slot(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTENV_NB_IDLE_TIMEOUT", "1")
+    with serve_in_thread(_bundle(tmp_path / "gridsim"), max_concurrent_envs=1) as server:
+        async def run():
+            idle = Session(server.url, token=server.token, patience=0.5)
+            await idle.open()
+            await asyncio.sleep(2.5)  # past the idle timeout
+            second = Session(server.url, token=server.token, patience=0.5)
+            await second.open()  # the idle one's slot is free again
+            await second.close()
+            with pytest.raises(Exception, match="closed"):
+                await idle.step({"type": "list_tools"})
+
+        asyncio.run(run())
+
+
+# Findings 2 and 3: another local user, another episode
+
+def test_a_work_dir_another_user_owns_or_may_write_is_refused(tmp_path, monkeypatch):
+    bundle = _bundle(tmp_path / "gridsim")
+    planted = tmp_path / "planted"
+    planted.mkdir(mode=0o777)
+    planted.chmod(0o777)
+    monkeypatch.setenv("AGENTENV_NB_WORK_DIR", str(planted))
+    with pytest.raises(WorkDirError, match="may be written by others"):
+        AgentEnv.local(bundle)
+    if os.geteuid() == 0:
+        os.chown(planted, 65534, 65534)  # made first by `nobody`, as under a world-writable /var/tmp
+        planted.chmod(0o755)
+        with pytest.raises(WorkDirError, match="belongs to user id 65534"):
+            AgentEnv.local(bundle)
+    fresh = tmp_path / "fresh" / "work"
+    monkeypatch.setenv("AGENTENV_NB_WORK_DIR", str(fresh))
+    with AgentEnv.local(bundle, max_concurrent_envs=1):
+        mode = stat.S_IMODE(fresh.stat().st_mode)
+        assert mode in (0o700, 0o710) and fresh.stat().st_uid == os.geteuid()  # 0710: env users enter, never list
+
+
+def test_a_local_process_cannot_call_another_episodes_env_and_envs_hold_no_secrets(tmp_path):
+    with AgentEnv.local(_bundle(tmp_path / "gridsim"), max_concurrent_envs=2) as env:
+        victim, other = env.factory(), env.factory()
+        victim.reset(**env.dataset[0])
+        other.reset(**env.dataset[1])
+        victim.get_prices(), other.get_prices()
+        serving = [p for p in psutil.Process().children(recursive=True)
+                   if any(c.status == psutil.CONN_LISTEN for c in p.net_connections("tcp"))]
+        assert serving, "no env process listens"
+        for process in serving:
+            if os.geteuid() == 0:
+                assert process.uids().real >= 2_000_000_000  # a user of its own, not root
+            assert not set(SECRETS) & set(process.environ()), process.environ()
+            assert settings.SETTINGS["token"].variable not in process.environ()
+            for port in (c.laddr.port for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN):
+                for call in (lambda: httpx.get(f"http://127.0.0.1:{port}/.well-known/agent-env.json"),
+                             lambda: httpx.post(f"http://127.0.0.1:{port}/mcp", json={}),
+                             lambda: httpx.get(f"http://agentenv:guess@127.0.0.1:{port}/.well-known/agent-env.json")):
+                    assert call().status_code == 401
+        if os.geteuid() == 0:
+            users = {p.uids().real for p in serving}
+            assert len(users) == len(serving)  # each its own: none can signal or read another
+        for play in (victim, other):  # the episodes themselves go on (a reward ends every open episode of the thread)
+            play.submit_schedule(schedule=gridsim.battery.optimal_schedule(json.loads(play.get_prices())))
+        assert [victim.get_reward(), other.get_reward()] == [1.0, 1.0]
+
+
+def test_the_guard_on_env_ports_still_hooks_uvicorn():
+    """The env processes' secret relies on uvicorn's Config.load setting Config.loaded_app: fail loudly if not."""
+    import uvicorn.config
+
+    async def app(scope, receive, send):
+        pass
+
+    config = uvicorn.config.Config(app)
+    config.load()
+    assert config.loaded_app is not None and hasattr(uvicorn.config.Config, "load")
+
+
+# Findings 5 and 6: settings, faults
+
+def test_agentenv_local_honours_the_session_setting_and_refuses_bad_ones_before_serving(tmp_path, monkeypatch):
+    bundle = _bundle(tmp_path / "gridsim")
+    monkeypatch.setenv("AGENTENV_NB_MAX_CONCURRENT_ENVS", "3")
+    with AgentEnv.local(bundle) as env:
+        assert env.max_concurrent_envs == 3
+    untouched = tmp_path / "untouched"  # made by the first env process a start would run
+    monkeypatch.setenv("AGENTENV_NB_WORK_DIR", str(untouched))
+    for name, value, says in [("MAX_CONCURRENT_ENVS", "abc", "isn't a whole number"),
+                              ("MAX_CONCURRENT_ENVS", "-5", "out of range"),
+                              ("PATIENCE", "nan", "isn't a finite number"),
+                              ("CALL_TIMEOUT", "nan", "isn't a finite number"),
+                              ("ENV_POOL", "100000", "from 0 to 64"),
+                              ("WORK_DIR", str(bundle / "envs" / "gridsim" / "Dockerfile"), "is a file"),
+                              ("IDLE_TIMEOUT", "inf", "isn't a finite number")]:
+        monkeypatch.setenv(f"AGENTENV_NB_{name}", value)
+        with pytest.raises(settings.SettingError, match=f"AGENTENV_NB_{name}=.*{says}"):
+            AgentEnv.local(bundle)
+        monkeypatch.delenv(f"AGENTENV_NB_{name}")
+    assert not untouched.exists()  # refused before any env process or server started
+
+
+def test_an_env_that_cannot_start_fails_the_start_naming_it(tmp_path):
+    bundle = _bundle(tmp_path / "gridsim")
+    server = bundle / "envs" / "gridsim" / "server.py"
+    server.write_text("raise RuntimeError('a broken import')\n" + server.read_text())
+    with pytest.raises(RuntimeError, match="(?s)env 'gridsim' .* can't start as a local process.*a broken import"):
+        AgentEnv.local(bundle)
+    failed = subprocess.run([*SERVE, str(bundle)], capture_output=True, text=True, timeout=300)
+    assert failed.returncode == 2 and "a broken import" in failed.stderr and "Traceback" not in failed.stderr.split(
+        "error:")[0], failed.stderr
+    assert failed.stderr.strip().count("\n") == 0
+
+
+def test_a_dead_env_process_says_which_env_died_and_how(tmp_path):
+    with AgentEnv.local(_bundle(tmp_path / "gridsim"), max_concurrent_envs=1) as env:
+        play = env.factory()
+        play.reset(**env.dataset[0])
+        play.get_prices()
+        for process in psutil.Process().children(recursive=True):  # the episode's among the pool's ready ones
+            if any(c.status == psutil.CONN_LISTEN for c in process.net_connections("tcp")):
+                os.killpg(process.pid, signal.SIGKILL)
+        time.sleep(1.5)  # the sandbox checks twice a second
+        with pytest.raises(Exception, match=r"the env process of 'gridsim' \(pid \d+\) died mid-episode: killed by "
+                                            "SIGKILL"):
+            play.submit_schedule(schedule=[0] * 24)
+
+
+def test_pip_install_takes_only_pinned_names(tmp_path):
+    for requirement in ("agentenv-nb-no-such-package>=1", "agentenv-nb-x @ file:///tmp/x.whl"):
+        bundle = _bundle(tmp_path / requirement.split()[0].replace(">", "").replace("=", ""))
+        (bundle / "envs" / "gridsim" / "requirements.txt").write_text(requirement + "\n")
+        failed = subprocess.run([*SERVE, str(bundle)], capture_output=True, text=True, timeout=300,
+                                env={**os.environ, "AGENTENV_NB_PIP_INSTALL": "1"})
+        assert failed.returncode == 2 and "installs only requirements pinned by name and version" in failed.stderr
+        assert requirement.split()[0] in failed.stderr and failed.stderr.strip().count("\n") == 0
+
+
+# The soak: faults injected, nothing lost that they didn't hit, nothing left behind
+
+@pytest.mark.slow
+def test_a_small_soak_with_env_kills_and_a_restart_loses_nothing_it_did_not_hit(tmp_path):
+    """bench/soak.py at CI's size (its 200-episode run is in docs/benchmarks.md)."""
+    soak = Path(__file__).resolve().parents[1] / "bench" / "soak.py"
+    done = subprocess.run([sys.executable, str(soak), "--episodes", "24", "--workers", "2", "--kills", "3",
+                           "--restarts", "1"], capture_output=True, text=True, timeout=900)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0 and result["ok"], (result, done.stderr[-3000:])
+    assert result["episodes"] == 24 and result["restarts"] == 1 and result["kills"] == 3
