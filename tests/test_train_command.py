@@ -20,6 +20,8 @@ def run(command: list, tmp_path, timeout: float = 600) -> subprocess.CompletedPr
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "TRL_EXPERIMENTAL_SILENCE": "1",
            "HF_HOME": str(tmp_path / "hf")}  # no Hugging Face login but HF_TOKEN
     env.pop("HF_TOKEN", None)
+    # Unsloth, imported by earlier tests in this process, sets it, and huggingface_hub warns about it on stderr
+    env.pop("HF_HUB_ENABLE_HF_TRANSFER", None)
     return subprocess.run([str(part) for part in command], capture_output=True, text=True, env=env, timeout=timeout)
 
 

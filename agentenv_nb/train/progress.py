@@ -37,9 +37,9 @@ def clock(seconds: float) -> str:
     return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}" if minutes >= 60 else f"{minutes}:{seconds:02d}"
 
 
-def done_line(what: str, done: int, total: int, elapsed: float) -> str:
-    """"<what> 4 of 8 · 0:05 · about 0:05 left": the time left from the pace so far, once something is done."""
-    line = f"{what} {done} of {total} · {clock(elapsed)}"
+def done_line(what: str, done: int, total: int, elapsed: float, unit: str = "") -> str:
+    """"<what> 4 of 8 <unit> · 0:05 · about 0:05 left": the time left from the pace so far, once something is done."""
+    line = f"{what} {done} of {total}{f' {unit}' if unit else ''} · {clock(elapsed)}"
     if 0 < done < total:
         line += f" · about {clock(elapsed / done * (total - done))} left"
     return line
@@ -60,8 +60,7 @@ class Progress:
         self.notebook = is_in_notebook()
 
     def line(self, done: int) -> str:
-        line = done_line(self.what, done, self.total, time.monotonic() - self.start)
-        return line.replace(f" of {self.total} ", f" of {self.total} {self.unit} ") if self.unit else line
+        return done_line(self.what, done, self.total, time.monotonic() - self.start, self.unit)
 
     def update(self, done: int) -> None:
         text = {"text/plain": self.line(done)}
