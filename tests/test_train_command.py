@@ -76,6 +76,7 @@ def test_one_function_sizes_the_sessions_a_run_opens(tmp_path):
     assert sessions_needed(big, environments=2) == 64  # TRL pools environments per class
     tiny = presets.grpo_config("cpu-tiny", output_dir=str(tmp_path), per_device_eval_batch_size=16)
     assert sessions_needed(tiny) == 16  # an eval batch larger than a step's rollouts
+    assert sessions_needed(tiny, beside=1) == 17  # a player beside the trainer's, as notebook 03's transcript
 
 
 @pytest.mark.slow
