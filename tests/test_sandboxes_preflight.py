@@ -355,3 +355,17 @@ def test_preflight_in_a_notebook_displays_the_table(tmp_path):
     [output] = [out for out in notebook.cells[0].outputs if out.get("name") != "stderr"]  # the table, no printed lines
     html = output["data"]["text/html"]
     assert output["output_type"] == "display_data" and "<table" in html and "pip install 'trl==0.0.1'" in html
+
+
+def test_an_image_of_an_older_python_runs_quietly_and_of_a_newer_one_is_said(tmp_path, caplog):
+    """Colab's Python 3.12 runs GridSim's python:3.11 image as a notebook's every cell would show it otherwise."""
+    import sys
+
+    from agentenv_nb.envs.dockerfile import read_dockerfile
+
+    major, minor = sys.version_info[:2]
+    (tmp_path / "server.py").write_text("print('an MCP server')\n")
+    for wanted in (f"{major}.{minor - 1}", f"{major}.{minor}", f"{major}.{minor + 1}"):
+        read_dockerfile("Dockerfile", tmp_path, tmp_path / wanted, f"FROM python:{wanted}-slim\nCOPY server.py .\nCMD [\"python\", \"server.py\"]\n")
+    said = [r.getMessage() for r in caplog.records if "older Python" in r.getMessage()]
+    assert len(said) == 1 and f"python:{major}.{minor + 1}-slim" in said[0]

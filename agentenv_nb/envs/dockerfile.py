@@ -96,8 +96,11 @@ class Dockerfile:
                 if froms > 1 or name != "python":
                     raise ImageError(f"{shown}: a process sandbox runs one stage FROM a python image, in this Python "
                                      f"({sys.version.split()[0]})")
-                if (wanted := re.match(r"\d+\.\d+", tag)) and wanted.group() != "{}.{}".format(*sys.version_info):
-                    logger.warning("%s: the env runs in this Python, %s", shown, sys.version.split()[0])
+                # An env written for an older Python runs in a newer one (Colab's 3.12 runs GridSim's 3.11 image);
+                # one written for a newer Python may use what this one lacks
+                wanted = re.match(r"(\d+)\.(\d+)", tag)
+                if wanted and tuple(map(int, wanted.groups())) > sys.version_info[:2]:
+                    logger.warning("%s: the env runs in this older Python, %s", shown, sys.version.split()[0])
             elif keyword == "WORKDIR":
                 self.workdir = posixpath.normpath(posixpath.join(self.workdir, value.strip()))
             elif keyword == "COPY":
