@@ -358,7 +358,7 @@ def test_preflight_in_a_notebook_displays_the_table(tmp_path):
 
 
 def test_an_image_of_an_older_python_runs_quietly_and_of_a_newer_one_is_said(tmp_path, caplog):
-    """Colab's Python 3.12 runs GridSim's python:3.11 image as a notebook's every cell would show it otherwise."""
+    """Colab's Python 3.12 runs GridSim's python:3.11 image without a warning in every notebook that serves it."""
     import sys
 
     from agentenv_nb.envs.dockerfile import read_dockerfile
@@ -366,6 +366,7 @@ def test_an_image_of_an_older_python_runs_quietly_and_of_a_newer_one_is_said(tmp
     major, minor = sys.version_info[:2]
     (tmp_path / "server.py").write_text("print('an MCP server')\n")
     for wanted in (f"{major}.{minor - 1}", f"{major}.{minor}", f"{major}.{minor + 1}"):
-        read_dockerfile("Dockerfile", tmp_path, tmp_path / wanted, f"FROM python:{wanted}-slim\nCOPY server.py .\nCMD [\"python\", \"server.py\"]\n")
+        text = f'FROM python:{wanted}-slim\nCOPY server.py .\nCMD ["python", "server.py"]\n'
+        read_dockerfile("Dockerfile", tmp_path, tmp_path / wanted, text)
     said = [r.getMessage() for r in caplog.records if "older Python" in r.getMessage()]
     assert len(said) == 1 and f"python:{major}.{minor + 1}-slim" in said[0]
