@@ -149,7 +149,8 @@ def _progress(page) -> list[str]:
     return re.findall(r"played \d+ of \d+ tasks[^\n]*", page.locator(".jp-Notebook").inner_text())
 
 
-LONG_DECIMAL = re.compile(r"(?<![\d.])\d+\.\d{4,}(?![\d.])")  # 0.300946, not 0.301 nor a version like 2026.10.9
+# Four or more significant decimals: 0.300946, not 0.301, a learning rate of 0.0003, nor a version like 2026.10.9
+LONG_DECIMAL = re.compile(r"(?<![\d.])\d+\.0*[1-9]\d{3,}(?![\d.])")
 
 
 def _live_image(page) -> str | None:
