@@ -210,8 +210,10 @@ def full_finetuning(preset: Preset | str, stage: str) -> bool:
 def model_kwargs(preset: Preset | str, model_name: str, **overrides: Any) -> dict:
     """Keyword arguments for ``FastLanguageModel.from_pretrained``; with vLLM, sized to the memory the run may use."""
     preset = named(preset)
+    # An overriding fast_inference (the SFT stage's False) decides first: no vLLM sized, or asked about, for nothing
+    use_vllm = overrides.pop("fast_inference") if "fast_inference" in overrides else fast_inference(preset)
     kwargs = {"model_name": model_name, "max_seq_length": preset.max_seq_length, "load_in_4bit": preset.load_in_4bit,
-              "fast_inference": fast_inference(preset), "max_lora_rank": preset.lora_r}
+              "fast_inference": use_vllm, "max_lora_rank": preset.lora_r}
     if kwargs["fast_inference"] and "gpu_memory_utilization" not in overrides:  # a share of the WHOLE card
         kwargs["gpu_memory_utilization"] = vllm_sizing.gpu_memory_utilization(
             preset.vllm_share, *vllm_sizing.gpu_memory(), made_for_bytes=preset.gpu_gb * 1e9)
