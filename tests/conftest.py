@@ -99,3 +99,9 @@ def warnings(caplog) -> str:
 
 def step_logs(trainer, key: str) -> list[dict]:
     return [log for log in trainer.state.log_history if key in log]
+
+
+def stderr_lines(notebook) -> list[str]:
+    """The non-blank lines an executed notebook's code cells wrote to stderr, in order."""
+    return [line for cell in notebook.cells if cell.cell_type == "code" for output in cell.get("outputs", [])
+            if output.get("name") == "stderr" for line in output["text"].splitlines() if line.strip()]

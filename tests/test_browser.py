@@ -18,7 +18,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from .conftest import free_port
+from .conftest import free_port, stderr_lines
 
 from agentenv_nb.notebook.params import TINY, use_tiny_defaults
 from agentenv_nb.settings import PREFIX
@@ -171,9 +171,7 @@ def test_the_four_notebooks_as_a_person_sees_them(lab, page):
         assert all(cell.execution_count for cell in code), f"{path.stem}: a cell did not run"
         errors = [o for cell in code for o in cell.outputs if o.output_type == "error"]
         assert not errors, f"{path.stem}: {errors[0].ename}: {errors[0].evalue}"
-        stderr = [line for cell in code for o in cell.outputs if o.get("name") == "stderr"
-                  for line in o.text.splitlines() if line.strip()]
-        noise = [line for line in stderr if not any(re.search(kept, line) for kept in KEPT_STDERR)]
+        noise = [line for line in stderr_lines(saved) if not any(re.search(kept, line) for kept in KEPT_STDERR)]
         assert not noise, f"{path.stem} writes to stderr:\n" + "\n".join(noise[:20])
 
         if path.stem.startswith("02"):  # its evals and self-distillation's rollouts say how far they got

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from ..conftest import stderr_lines
 from tests.gpu.test_gpu_path import _cuda
 
 pytestmark = pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU: run it on a GPU machine (bench/gpu_session.sh)")
@@ -60,15 +61,10 @@ def smi(query: str) -> list[str]:
 
 
 def cell_noise(notebook) -> list[str]:
-    """Every error and stderr output of an executed notebook, a line each, with its cell's number."""
-    noise = []
-    for index, cell in enumerate(notebook.cells):
-        for output in cell.get("outputs", []):
-            if output.get("output_type") == "error":
-                noise.append(f"[{index}] {output['ename']}: {output['evalue']}")
-            elif output.get("name") == "stderr":
-                noise += [f"[{index}] stderr: {line}" for line in output["text"].splitlines() if line.strip()]
-    return noise
+    """Every error of an executed notebook and every line it wrote to stderr."""
+    errors = [f"{output['ename']}: {output['evalue']}" for cell in notebook.cells for output in cell.get("outputs", [])
+              if output.get("output_type") == "error"]
+    return errors + [f"stderr: {line}" for line in stderr_lines(notebook)]
 
 
 def test_the_four_notebooks_train_a_real_model(tmp_path):
