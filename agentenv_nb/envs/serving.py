@@ -69,8 +69,10 @@ def serve_in_thread(bundle: str | Path | Resolved, host: str = "127.0.0.1", port
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", ws_ping_interval=None,
                             timeout_graceful_shutdown=shutdown_timeout)
     # Other uvicorn servers in this process (agent_env's, started with FastMCP's default "info") set uvicorn's
-    # loggers back to INFO; a filter outlives that, so a notebook shows uvicorn's warnings and errors only
-    logging.getLogger("uvicorn.error").addFilter(warnings_and_up)
+    # loggers back to INFO, one episode's proxy at a time; a filter outlives that, so a notebook shows uvicorn's
+    # warnings and errors only, and no request line
+    for name in ("uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).addFilter(warnings_and_up)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"agentenv_nb.envs.serving:{port}", daemon=True)
     thread.start()

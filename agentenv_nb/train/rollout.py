@@ -126,7 +126,10 @@ def _generate(model, tokenizer, rollouts, sampling, template_kwargs) -> list[dic
         tokenizer.padding_side = side
     greedy = sampling["temperature"] <= 0
     with torch.no_grad():
-        output = model.generate(**inputs, max_new_tokens=sampling["max_new_tokens"], do_sample=not greedy,
+        # max_length=None: Unsloth sets the model's generation_config.max_length to its sequence length, and
+        # transformers warns at every call where both are set
+        output = model.generate(**inputs, max_new_tokens=sampling["max_new_tokens"], max_length=None,
+                                do_sample=not greedy,
                                 temperature=None if greedy else sampling["temperature"],
                                 pad_token_id=tokenizer.pad_token_id)
     width = inputs["input_ids"].shape[1]
