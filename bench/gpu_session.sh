@@ -5,16 +5,17 @@
 #   setsid bash bench/gpu_session.sh DEADLINE_EPOCH_S > /var/tmp/gpu-run.log 2>&1 < /dev/null &
 #   bash bench/gpu_session.sh --collect OUT     # later: the logs and summaries into OUT, as one archive
 #
-# 1. tests/gpu/test_notebooks.py for "24gb" (held to 24 GB) and, a minute later, "16bit" (48 GB) on one generated
-#    bundle, each in its own folder: the notebooks top to bottom with SmolLM2-135M-Instruct.
-# 2. Once both are done, if 7 minutes are left: bench/gpu_grpo.py, the kit against bare Unsloth on the random
-#    Qwen3-4B shape, 4-bit, held to 24 GB.
+# At once, each on the one GPU held as its own card would be:
+# - bench/expert_replay.py, notebook 02's replay of 2,000 expert episodes on the host's cores; once it is done,
+#   tests/gpu/test_notebooks.py for "24gb" (held to 24 GB) and "16bit" (48 GB) on one generated bundle, each in its
+#   own folder: the notebooks top to bottom with SmolLM2-135M-Instruct;
+# - bench/gpu_grpo.py on the random Qwen3-4B shape, held to 24 GB: the variants GPU_VARIANTS names (kit,bare).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-/var/tmp/gpu-run}
 if [[ ${1:-} == --collect ]]; then
   tar -czf "$2/gpu-run.tgz" -C "$(dirname "$WORK")" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
-    --exclude=state --exclude='gridsim-gpu' --exclude='models' "$(basename "$WORK")" && ls -la "$2"
+    --exclude=state --exclude='gridsim-gpu' --exclude='models' --exclude=q4b --exclude='*.gguf' "$(basename "$WORK")" && ls -la "$2"
   exit
 fi
 deadline=${1:?usage: gpu_session.sh DEADLINE_EPOCH_S | --collect OUT}
@@ -31,7 +32,7 @@ print({n: md.version(n) for n in ("torch", "vllm", "vllm-bnb-plugin", "unsloth",
                                   "triton", "nvidia-nccl-cu13", "nvidia-cudnn-cu13")})
 print(torch.cuda.get_device_name(), "cuDNN", torch.backends.cudnn.version())
 EOF
-python3 -m agentenv_nb.tasks.gridsim "$WORK/gridsim-gpu" --train "${GPU_TRAIN_DAYS:-400}" --eval 200 --overwrite
+python3 -m agentenv_nb.tasks.gridsim "$WORK/gridsim-gpu" --train "${GPU_TRAIN_DAYS:-200}" --eval 200 --overwrite
 
 notebooks() {  # notebooks PRESET: the four notebooks on PRESET, logged to WORK/PRESET.log
   mkdir -p "$WORK/$1"
@@ -40,18 +41,20 @@ notebooks() {  # notebooks PRESET: the four notebooks on PRESET, logged to WORK/
     > "$WORK/$1.log" 2>&1
   say "notebooks $1: exit $?"
 }
-say "notebooks 24gb and 16bit"
-notebooks 24gb & first=$!
-sleep 60
-notebooks 16bit & second=$!
-wait $first $second
-if (( $(left) > 420 )); then
-  say "kit against bare Unsloth, random Qwen3-4B shape, 4-bit, 24 GB"
+grpo() {  # the Qwen3-4B shape: every variant in one run
   python3 -c "import sys; from agentenv_nb.train.tiny import build_random_qwen3_4b as b; b(sys.argv[1], device='cuda')" \
-    "$WORK/q4b" && OUT=$WORK timeout -k 10 $(($(left) - 20)) python3 bench/gpu_grpo.py --model "$WORK/q4b" \
-    --variants kit,bare --budget-s 100 > "$WORK/grpo.log" 2>&1
+    "$WORK/q4b" > "$WORK/q4b.log" 2>&1 &&
+    OUT=$WORK timeout -k 10 $(($(left) - 30)) python3 bench/gpu_grpo.py --model "$WORK/q4b" \
+      --variants "${GPU_VARIANTS:-kit,bare}" --budget-s "${GPU_VARIANT_BUDGET_S:-100}" > "$WORK/grpo.log" 2>&1
   say "grpo: exit $?"
-else
-  say "no time left for the Qwen3-4B comparison"
-fi
+}
+say "the Qwen3-4B comparison (${GPU_VARIANTS:-kit,bare}); the expert's 2,000 episodes, then the notebooks"
+grpo & compare=$!
+timeout -k 10 300 python3 bench/expert_replay.py --episodes 2000 --server-processes 8 --lanes 32 \
+  > "$WORK/expert_replay.json" 2> "$WORK/expert_replay.log"
+say "expert replay: exit $? $(cat "$WORK/expert_replay.json")"
+notebooks 24gb & first=$!
+sleep 45
+notebooks 16bit & second=$!
+wait $compare $first $second
 say done
