@@ -79,7 +79,7 @@ def test_the_four_notebooks_train_a_real_model(tmp_path):
     preset = os.environ.setdefault(PREFIX + "PRESET", "24gb")
     run_dir = out / "run"
     if PREFIX + "BUNDLE" not in os.environ:
-        train_days = int(os.environ.get("GPU_TRAIN_DAYS", "400"))
+        train_days = int(os.environ.get("GPU_TRAIN_DAYS", "200"))
         os.environ[PREFIX + "BUNDLE"] = str(write_bundle(out / "gridsim-gpu", train=train_days, eval=200,
                                                          overwrite=True))
     for name, value in {"MODEL": smollm2(), "RUN_DIR": str(run_dir), "SANDBOX": "process", "EVAL_DAYS": "200",
