@@ -32,7 +32,7 @@ import functools
 import os
 from typing import Any
 
-from agentenv_nb.stack import vllm_available
+from agentenv_nb.stack import import_unsloth, vllm_available
 from agentenv_nb.train import configs, vllm_sizing
 
 # Where a setting goes; "small": the SFT of a small model, "trainer": GRPO's and SFT's
@@ -339,6 +339,29 @@ def sft_kwargs(preset: Preset | str, output_dir: str = "sft-outputs", max_steps:
     if max_steps is not None:
         kwargs["max_steps"] = max_steps
     return {**kwargs, **_checkpointing(output_dir, save_steps, resume), **overrides}
+
+
+def async_grpo_kwargs(preset: Preset | str, output_dir: str = "outputs", max_steps: int | None = None,
+                      save_steps: int | None = None, resume: bool | str = False, **overrides: Any) -> dict:
+    """The AsyncGRPOConfig arguments of a preset (``train.grpo.async_grpo_trainer``): its GRPO settings that TRL's
+    AsyncGRPOTrainer takes. That trainer has a loss of its own (each token's clipped ratio over the step's tokens:
+    no loss_type, scale_rewards or beta, which the recipe sets to 0), generates ahead (``max_staleness``) instead of
+    ``steps_per_generation``, and has no eval loop. Rollouts in flight, each an env session: a step's."""
+    import_unsloth()  # before trl
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    kwargs = grpo_kwargs(preset, output_dir, max_steps, save_steps, resume)
+    taken = {field.name for field in dataclasses.fields(AsyncGRPOConfig)}
+    kwargs = {name: value for name, value in kwargs.items() if name in taken}
+    kwargs = {**kwargs, "eval_strategy": "no", "eval_on_start": False, **overrides}
+    kwargs.setdefault("max_inflight_tasks", kwargs["per_device_train_batch_size"] * kwargs["gradient_accumulation_steps"])
+    return kwargs
+
+
+def async_grpo_config(preset: Preset | str, **kwargs: Any):
+    """A checked ``trl.experimental.async_grpo.AsyncGRPOConfig`` for ``preset`` (arguments as
+    ``async_grpo_kwargs``); imports unsloth first."""
+    return configs.build("AsyncGRPOConfig", async_grpo_kwargs(preset, **kwargs))
 
 
 def grpo_config(preset: Preset | str, **kwargs: Any):
