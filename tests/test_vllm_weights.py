@@ -50,6 +50,10 @@ def test_a_named_precision_is_what_unsloth_loads_with_vllm(weights, loaded_in):
         "model_name": "m", "max_seq_length": 4096, "load_in_4bit": True, "fast_inference": False, "max_lora_rank": 32}
 
 
+def test_the_recipes_4bit_stays_a_preset_a_notebook_names():
+    assert presets.differences("24gb", "24gb-4bit") == {"vllm_weights": ("auto", "4bit")}
+
+
 def test_an_unknown_precision_is_refused_in_one_line():
     mine = dataclasses.replace(presets.PRESETS["24gb"], vllm_weights="int8")
     with pytest.raises(ValueError, match=r"vllm_weights='int8': choose 'auto' or one of \('fp8', '16bit', '4bit'\)"):

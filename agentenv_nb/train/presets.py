@@ -4,7 +4,7 @@ GRPO and SFT arguments are pure functions of a preset.
 ``"24gb"`` is the Unsloth GridSim recipe (https://www.agentenvframework.com/docs/training/unsloth) on a 24 GB GPU
 (4-bit QLoRA; where it generates on vLLM, the weights vLLM and LoRA share in the fastest precision the card takes,
 ``vllm_weights``: fp8 on Hopper and later, 16-bit where they fit, else 4-bit), and ``Preset``'s defaults are its
-settings; ``"16bit"`` is the same in 16-bit LoRA (the L40S row),
+settings, and ``"24gb-4bit"`` the same with 4-bit vLLM on any card (the recipe's own); ``"16bit"`` is the same in 16-bit LoRA (the L40S row),
 ``"cpu-tiny"`` the same recipe shrunk for the tiny offline model on a CPU (only: on a GPU, Unsloth turns bf16
 autocast on for the float32 tiny model). Every argument Unsloth's GRPOConfig/SFTConfig would change when left unset
 is set here, and each config is checked after it is built (``configs``), so a run's settings are TRL's and ours, not
@@ -123,6 +123,7 @@ class Preset:
 
 PRESETS = {preset.name: preset for preset in (
     Preset("24gb"),
+    Preset("24gb-4bit", vllm_weights="4bit"),  # the recipe's 4-bit vLLM on any card: what "24gb" was before fp8
     Preset("16bit", gpu_gb=48.0, gpu_need_gb=40.0, gpu_need_gb_without_vllm=25.0,  # the L40S; vLLM takes half
            load_in_4bit=False, vllm_weights="16bit", generation_parts_without_vllm=1),
     Preset("cpu-tiny", gpu_gb=None, gpu_need_gb=0.0, gpu_need_gb_without_vllm=0.0,
