@@ -212,24 +212,49 @@ def train(trainer, timer: StepTimer) -> None:
 
 class DevicePeak:
     """The most GPU memory in use on the device (total less free, as nvidia-smi counts it: the whole process, vLLM,
-    CUDA context and graphs included), sampled on a thread every 50 ms since the last ``reset``."""
+    CUDA context and graphs included, and anything else on the GPU), and the most this process and its children use
+    (NVML's per-process count, where NVML sees their pids), sampled on a thread every 50 ms since the last ``reset``."""
 
     def __init__(self):
-        self.peak = 0
+        self.peak, self.own_peak = 0, None
         if CUDA:
             threading.Thread(target=self._sample, daemon=True).start()
 
     def _sample(self):
+        own = self._own_usage()
         while True:
             free, total = torch.cuda.mem_get_info()
             self.peak = max(self.peak, total - free)
+            if (used := own()) is not None:
+                self.own_peak = max(self.own_peak or 0, used)
             time.sleep(0.05)
 
+    @staticmethod
+    def _own_usage():
+        """A function giving the GPU memory NVML counts for this process and its children, or None."""
+        try:
+            import psutil
+            import pynvml
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        except Exception:  # no NVML: the device's count stands alone
+            return lambda: None
+        me = psutil.Process()
+
+        def used():
+            pids = {me.pid, *(child.pid for child in me.children(recursive=True))}
+            seen = [p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid in pids]
+            return sum(m or 0 for m in seen) if seen else None
+        return used
+
     def reset(self) -> None:
-        self.peak = 0
+        self.peak, self.own_peak = 0, None
 
     def gib(self) -> float | None:
         return self.peak / GIB if CUDA else None
+
+    def own_gib(self) -> float | None:
+        return None if self.own_peak is None else self.own_peak / GIB
 
 
 @functools.cache
@@ -411,6 +436,7 @@ def run_variant(name: str, run, args, report=None) -> dict:
         result["traceback"] = traceback.format_exc()
         traceback.print_exc()
     result["wall_s"], result["device_peak_gib"] = time.perf_counter() - start, device_peak().gib()
+    result["process_peak_gib"] = device_peak().own_gib()  # this process's, where NVML sees it
     if utilization := result.get("model_kwargs", {}).get("gpu_memory_utilization"):  # vLLM's share, weights + KV
         result["vllm_gib"] = utilization * torch.cuda.mem_get_info()[1] / GIB
     if timer.steps:
@@ -455,6 +481,7 @@ COLUMNS = [("variant", "variant", 0), ("weights", "weights", 0), ("step", "step"
            ("gen s", "gen_s", 1), ("env s", "env_s", 2), ("update s", "update_s", 1), ("env %", "env_pct", 1),
            ("peak alloc by generation's end GiB", "gen_peak_alloc_gib", 2), ("peak alloc GiB", "peak_alloc_gib", 2),
            ("peak reserved GiB", "peak_reserved_gib", 2), ("device peak GiB", "device_peak_gib", 2),
+           ("process peak GiB", "process_peak_gib", 2),
            ("tool calls", "tools/call_frequency", 2), ("completion len", "completions/mean_length", 0),
            ("rollouts/s", "rollouts_per_s", 2)]
 
@@ -466,6 +493,12 @@ def markdown(columns: list[tuple], results: list[dict]) -> list[str]:
     cell = lambda v, d: "-" if v is None else f"{v:.{d}f}" if isinstance(v, float) else str(v)  # noqa: E731
     return ["| " + " | ".join(h for h, _, _ in columns) + " |", "|" + "---|" * len(columns),
             *("| " + " | ".join(cell(row.get(k), d) for _, k, d in columns) + " |" for row in rows)]
+
+
+def whole_process_gib(result: dict) -> float | None:
+    """A variant's whole-process peak: NVML's count of its process where there is one, else the device's (which
+    counts whatever else ran on the GPU then)."""
+    return result.get("process_peak_gib") or result.get("device_peak_gib")
 
 
 def speed_goals(results: list[dict]) -> list[tuple]:
@@ -484,8 +517,8 @@ def speed_goals(results: list[dict]) -> list[tuple]:
         if same:
             goals.append((f"kit-async seconds a rollout / {same['variant']}'s, the same {run['weights']} weights (x)",
                           same["rollouts_per_s"] / run["rollouts_per_s"], 1 / 1.5))
-    goals += [(f"{name} device peak, the whole process (GB)", r["device_peak_gib"] * GIB / 1e9, 24)
-              for name, r in by.items() if name.startswith("kit-") and r.get("device_peak_gib")]
+    goals += [(f"{name} peak GPU memory, the whole process (GB)", whole_process_gib(r) * GIB / 1e9, 24)
+              for name, r in by.items() if name.startswith("kit-") and whole_process_gib(r)]
     return goals
 
 
@@ -500,9 +533,9 @@ def table(results: list[dict]) -> str:
              ("the same, the tool calls run concurrently (agentenv_nb.train.grpo) (% of a step)",
               kit.get("env_tools_concurrent_pct"), 5),
              ("kit peak reserved (GiB)", kit.get("peak_reserved_gib"), 16)]
-    if vllm and kit.get("device_peak_gib"):  # the whole process, vLLM's share included, within the card it stands in
-        goals.append(("kit device peak, the whole process with vLLM's "  # for
-                      f"{kit['vllm_gib']:.1f} GiB (GB)", kit["device_peak_gib"] * GIB / 1e9, 24))
+    if vllm and whole_process_gib(kit):  # the whole process, vLLM's share included, within the card it stands for
+        goals.append(("kit peak GPU memory, the whole process with vLLM's "
+                      f"{kit['vllm_gib']:.1f} GiB (GB)", whole_process_gib(kit) * GIB / 1e9, 24))
     goals += speed_goals(results)
     return "\n".join(markdown(COLUMNS, results) + [""] + [
         f"- {text}: {value:.2f} (goal <= {limit:g}): {'PASS' if value <= limit else 'FAIL'}"
