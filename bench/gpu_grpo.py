@@ -395,18 +395,21 @@ def in_own_process(name: str, args) -> dict:
         try:
             code = child.wait(timeout=limit)
         except subprocess.TimeoutExpired:
-            os.killpg(child.pid, 9)  # its env servers and vLLM's workers too
-            child.wait()
             code = f"timeout: killed after {limit:.0f} s (--budget-s {args.budget_s:g} + --setup-s {args.setup_s:g})"
+        finally:  # past the limit, or this process told to stop: its env servers and vLLM's workers go too
+            if child.poll() is None:
+                os.killpg(child.pid, 9)
+                child.wait()
     result = {"variant": name, "status": "ok", "steps": []}
     lines = log.read_text(errors="replace").splitlines()
+    ended = code if isinstance(code, str) else f"error: exit code {code}"
     try:
         result.update(json.loads(found.read_text()))
     except (OSError, json.JSONDecodeError):
-        last = next((line for line in reversed(lines) if line.strip()), "")
-        result["status"] = f"error: exit code {code}, no result; its log ends: {last[-300:]}"
+        last = next((line for line in reversed(lines) if line.strip()), "(nothing)")
+        result["status"] = f"{ended}; no result; its log ends: {last[-300:]}"
     if code and result["status"] == "ok":
-        result["status"] = code if isinstance(code, str) else f"error: exit code {code}"
+        result["status"] = ended
     if result["status"] != "ok":
         result["log_tail"] = lines[-40:]
     result.setdefault("wall_s", time.perf_counter() - start)
@@ -627,23 +630,26 @@ def main(argv=None) -> dict | None:
                       "eval_strategy": "no", "eval_on_start": False, **settings(args.set)}  # every variant's changes
     if args.variant:
         return run_here(args)
-    results = []
-    for name in args.variants:
-        weights = WEIGHTS[name] or "the preset's"
-        print(f"== {name} ({args.preset}, vLLM's weights {weights}, cap {args.cap_gb or 'none'} GB, "
-              f"{args.steps} steps)", flush=True)
-        results.append(in_own_process(name, args))
-        print(table(results[-1:]), flush=True)
     import importlib.metadata
     import importlib.util
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's TERM: the running variant is killed too
     versions = {m: importlib.metadata.version(m) for m in ("torch", "transformers", "trl", "unsloth", "vllm", "torchao")
                 if importlib.util.find_spec(m)}
-    device = next((r["device"] for r in results if r.get("device")), "cpu")
-    report = {"preset": args.preset, "cap_gb": args.cap_gb, "steps": args.steps, "smoke": args.smoke, "device": device,
+    report = {"preset": args.preset, "cap_gb": args.cap_gb, "steps": args.steps, "smoke": args.smoke, "device": "cpu",
               "settings": settings(args.set), "load": args.load, "budget_s": args.budget_s,
-              "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "versions": versions, "results": results}
-    path = write_report(f"grpo_{args.preset}{'' if args.cap_gb else '_nocap'}{args.tag}.json", report)
-    print(f"\n## GRPO, {args.preset}, GPU held to {args.cap_gb or 'all'} GB, {device}\n\n{table(results)}")
+              "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "versions": versions, "results": []}
+    name = f"grpo_{args.preset}{'' if args.cap_gb else '_nocap'}{args.tag}.json"
+    for variant in args.variants:
+        weights = WEIGHTS[variant] or "the preset's"
+        print(f"== {variant} ({args.preset}, vLLM's weights {weights}, cap {args.cap_gb or 'none'} GB, "
+              f"{args.steps} steps)", flush=True)
+        report["results"].append(result := in_own_process(variant, args))
+        report["device"] = result.get("device") or report["device"]
+        path = write_report(name, report)  # after each variant: a run cut short keeps what it measured
+        print(table([result]), flush=True)
+    print(f"\n## GRPO, {args.preset}, GPU held to {args.cap_gb or 'all'} GB, {report['device']}\n\n"
+          f"{table(report['results'])}")
     print(f"\nwrote {path}")
     return report
 
