@@ -1,25 +1,32 @@
-"""GRPO on one GPU held to an L4's 24 GB: the kit's own path (notebook 03) against bare Unsloth and plain TRL.
+"""GRPO on one GPU held to an L4's 24 GB: the kit's own path (notebook 03), in each precision of vLLM's weights and with
+the async trainer, against bare Unsloth and plain TRL.
 
 Usage::
 
-    python bench/gpu_grpo.py --model /tmp/q4b                  # "24gb" (4-bit), capped at 24 GB, 3 steps a variant
+    python bench/gpu_grpo.py --model /tmp/q4b                  # "24gb", capped at 24 GB, 3 steps a variant
+    python bench/gpu_grpo.py --model /tmp/q4b --variants bare,kit,kit-fp8,kit-16bit,kit-async --budget-s 150
     python bench/gpu_grpo.py --model /tmp/q4b --preset 16bit --no-cap --variants kit,bare
     python bench/gpu_grpo.py --smoke                           # CPU plumbing: tiny model, "cpu-tiny", 1 step
     python bench/gpu_grpo.py --model /tmp/q4b --variants bare --set steps_per_generation=1 --memory-history 4000000
 
-Variants, with the preset's GRPO settings (32 rollouts a step, 1024 completion tokens), eval off, on one GridSim bundle:
+Each variant runs in a process of its own (its own model and vLLM engine, its own peak memory); one that fails or
+passes ``--budget-s`` (plus ``--setup-s`` to load) is recorded with its exact error and the others still run. Variants,
+with the preset's GRPO settings (32 rollouts a step, 1024 completion tokens), eval off, on one GridSim bundle:
 ``kit``, notebook 03's path (``AgentEnv.local``, process sandbox, 64 sessions over ``--server-processes`` server
 processes; ``models.load_model``; ``presets.grpo_config``; Unsloth's GRPOTrainer with ``env.factory``,
-``env.reward_funcs``, ``env.metrics``, the console live plot); ``bare``, Unsloth's GRPOTrainer with the in-process
-``ToyGridSim``, the floor the kit adds to; ``trl``, stock TRL with bitsandbytes 4-bit (bf16 for "16bit") and a PEFT LoRA
-on ToyGridSim, what a user would pick instead, in a subprocess as Unsloth patches TRL in its process. A step splits into
-generation (``generate`` calls), env (inside reset, tools, get_reward; overlaps counted once) and update (the rest),
-with peak GPU memory. A random model calls no tools, so the kit also times a step's episodes played with the expert's
+``env.reward_funcs``, ``env.metrics``, the console live plot) with vLLM's weights in 4-bit, the recipe's;
+``kit-fp8`` and ``kit-16bit``, the same in fp8 and 16-bit (``Preset.vllm_weights``); ``kit-async``, the preset as a
+user gets it on this card (``vllm_weights="auto"``: fp8 on Hopper) through ``train.grpo.async_grpo_trainer``, Unsloth's
+AsyncGRPOTrainer, whose generation overlaps the update; ``bare``, Unsloth's GRPOTrainer with the in-process
+``ToyGridSim`` and the recipe's 4-bit, the floor the kit adds to; ``trl``, stock TRL with bitsandbytes 4-bit (bf16 for
+"16bit") and a PEFT LoRA on ToyGridSim, what a user would pick instead. A step splits into generation (``generate``
+calls; for ``kit-async`` vLLM's engine steps, which overlap the update), env (inside reset, tools, get_reward; overlaps
+counted once) and update (the rest; for ``kit-async`` the trainer's training steps), with peak GPU memory. A random model calls no tools, so the kit also times a step's episodes played with the expert's
 3 tool calls each (bench/expert_step.py), in TRL's order and at once (``env_tools_s``, ``env_tools_concurrent_s``).
 An OOM is reported with the step reached; a variant stops after the step past ``--budget-s``. ``--set KEY=VALUE`` changes a GRPO setting for every variant (the 32-at-once rows of
 docs/benchmarks.md: ``steps_per_generation=1``); ``--memory-history N`` dumps the CUDA allocator's history of each
 variant for ``bench/memory_peak.py``.
-Prints markdown; writes ``$OUT/grpo_<preset>[_nocap][TAG].json``.
+Prints markdown; writes ``$OUT/grpo_<preset>[_nocap][TAG].json``, and each variant's log, ``$OUT/grpo_<variant>.log``.
 """
 
 import argparse
@@ -41,16 +48,22 @@ import torch
 from agentenv_nb.stack import import_unsloth
 
 GIB, CUDA = 2**30, torch.cuda.is_available()
-if "--child" not in sys.argv or not CUDA:  # Unsloth before transformers and TRL load, so it patches them; the TRL
-    import_unsloth()  # subprocess stays stock TRL on a GPU (on a CPU, TRL 1.15 can't step without unsloth_zoo's patch)
+VARIANT = sys.argv[sys.argv.index("--variant") + 1] if "--variant" in sys.argv else None  # a variant's own process
+# Unsloth before transformers and TRL load, so it patches them; the TRL variant stays stock TRL on a GPU (on a CPU,
+# TRL 1.15 can't step without unsloth_zoo's patch). Not in the parent, which only runs the variants and touches no GPU,
+# nor where multiprocessing's spawn runs this script again as __mp_main__ (the async trainer's rollout process)
+if VARIANT and (VARIANT != "trl" or not CUDA) and __name__ == "__main__":
+    import_unsloth()
 from transformers import TrainerCallback  # noqa: E402
 
 import expert_step  # noqa: E402  (bench/, beside this script)
 from agentenv_nb.tasks.gridsim import battery, write_bundle  # noqa: E402
 
-VARIANTS = ("kit", "bare", "trl")
+# vLLM's weights a variant loads (Preset.vllm_weights); None: the preset's own, with "auto" as the recipe's 4-bit (the
+# trl variant loads its own way)
+WEIGHTS = {"kit": None, "kit-fp8": "fp8", "kit-16bit": "16bit", "kit-async": "auto", "bare": None, "trl": None}
+VARIANTS = tuple(WEIGHTS)
 LOGGED = ("tools/call_frequency", "completions/mean_length", "reward", "loss")
-CHILD_SETUP_S = 150  # the TRL subprocess's imports and 4-bit load, beyond its training budget
 
 
 def peaks() -> dict:
@@ -118,6 +131,7 @@ class StepTimer(TrainerCallback):
 
     def __init__(self, budget_s: float | None = None, fake_oom_step: int | None = None, report=None):
         self.gen, self.env, self.steps, self.setup, self._start = Clock(), Clock(), [], {}, time.perf_counter()
+        self.update = Clock()  # timed only where generation overlaps the update (kit-async): its training steps
         self.budget_s, self.fake_oom_step, self.report = budget_s, fake_oom_step, report
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -127,15 +141,16 @@ class StepTimer(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         free_memory(collect=False)
         self.gen.peak_gib = None
-        self._begin = (time.perf_counter(), self.gen.total, self.env.total)
+        self._begin = (time.perf_counter(), self.gen.total, self.env.total, self.update.total)
 
     def on_step_end(self, args, state, control, **kwargs):
         if CUDA:
             torch.cuda.synchronize()
-        step_s, gen, env = (now - then for now, then in zip((time.perf_counter(), self.gen.total, self.env.total),
-                                                             self._begin))
+        step_s, gen, env, update = (now - then for now, then in zip(
+            (time.perf_counter(), self.gen.total, self.env.total, self.update.total), self._begin))
         self.steps.append({"step": state.global_step, "step_s": step_s, "gen_s": gen, "env_s": env,
-                           "update_s": step_s - gen - env, "env_pct": 100 * env / step_s,
+                           "update_s": update if self.update.calls else step_s - gen - env,
+                           "env_pct": 100 * env / step_s,
                            "gen_peak_alloc_gib": self.gen.peak_gib, **peaks()})
         if self.fake_oom_step == state.global_step:
             raise torch.OutOfMemoryError(f"simulated by --fake-oom after step {state.global_step}")
@@ -197,24 +212,49 @@ def train(trainer, timer: StepTimer) -> None:
 
 class DevicePeak:
     """The most GPU memory in use on the device (total less free, as nvidia-smi counts it: the whole process, vLLM,
-    CUDA context and graphs included), sampled on a thread every 50 ms since the last ``reset``."""
+    CUDA context and graphs included, and anything else on the GPU), and the most this process and its children use
+    (NVML's per-process count, where NVML sees their pids), sampled on a thread every 50 ms since the last ``reset``."""
 
     def __init__(self):
-        self.peak = 0
+        self.peak, self.own_peak = 0, None
         if CUDA:
             threading.Thread(target=self._sample, daemon=True).start()
 
     def _sample(self):
+        own = self._own_usage()
         while True:
             free, total = torch.cuda.mem_get_info()
             self.peak = max(self.peak, total - free)
+            if (used := own()) is not None:
+                self.own_peak = max(self.own_peak or 0, used)
             time.sleep(0.05)
 
+    @staticmethod
+    def _own_usage():
+        """A function giving the GPU memory NVML counts for this process and its children, or None."""
+        try:
+            import psutil
+            import pynvml
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        except Exception:  # no NVML: the device's count stands alone
+            return lambda: None
+        me = psutil.Process()
+
+        def used():
+            pids = {me.pid, *(child.pid for child in me.children(recursive=True))}
+            seen = [p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid in pids]
+            return sum(m or 0 for m in seen) if seen else None
+        return used
+
     def reset(self) -> None:
-        self.peak = 0
+        self.peak, self.own_peak = 0, None
 
     def gib(self) -> float | None:
         return self.peak / GIB if CUDA else None
+
+    def own_gib(self) -> float | None:
+        return None if self.own_peak is None else self.own_peak / GIB
 
 
 @functools.cache
@@ -223,11 +263,19 @@ def device_peak() -> DevicePeak:
     return DevicePeak()
 
 
-@functools.cache
-def load(model: str, preset: str, overrides: str):
+def variant_preset(args):
+    """The preset this process's variant trains with: ``--preset`` with vLLM's weights as the variant says."""
+    import dataclasses
+
+    from agentenv_nb.train import presets
+    preset = presets.named(args.preset)
+    own = "4bit" if preset.vllm_weights == "auto" else preset.vllm_weights
+    return dataclasses.replace(preset, vllm_weights=WEIGHTS[args.variant] or own)
+
+
+def load(model: str, preset, overrides: str):
     """The preset's model with LoRA, as ``models.load_model`` gives it (``overrides``: JSON of from_pretrained
-    arguments over the preset's), and those arguments: loaded once a process, so the variants of a run share it and
-    its one vLLM engine (a second engine in a process would not fit the cap)."""
+    arguments over the preset's), and those arguments."""
     from agentenv_nb.train import models, presets
     kwargs = {**presets.model_kwargs(preset, model), **json.loads(overrides)}
     shown = {k: v if isinstance(v, (int, float, str, bool, type(None))) else str(v) for k, v in kwargs.items()}
@@ -245,9 +293,10 @@ def run_kit(args, timer: StepTimer, result: dict) -> None:
     from agentenv_nb.notebook.live import live_plot
     with AgentEnv.local(args.bundle, split="train", sandbox="process", max_concurrent_envs=64,
                         processes=args.server_processes) as env:
-        model, tokenizer, result["model_kwargs"] = load(args.model, args.preset, json.dumps(args.load))
+        model, tokenizer, result["model_kwargs"] = load(args.model, variant_preset(args), json.dumps(args.load))
         env.check(tokenizer)
-        config = presets.grpo_config(args.preset, **args.overrides)
+        config = presets.grpo_config(variant_preset(args), **args.overrides)
+        result["rollouts_per_step"] = config.per_device_train_batch_size * config.gradient_accumulation_steps
         train(GRPOTrainer(model=model, processing_class=tokenizer, args=config, train_dataset=env.dataset,
                           environment_factory=timed_class(env.factory, timer.env), reward_funcs=env.reward_funcs,
                           callbacks=[env.metrics, live_plot("console"), timer]), timer)
@@ -257,14 +306,54 @@ def run_kit(args, timer: StepTimer, result: dict) -> None:
                                       config.generation_batch_size, concurrent))
 
 
+def run_kit_async(args, timer: StepTimer, result: dict) -> None:
+    """Unsloth's AsyncGRPOTrainer through ``train.grpo.async_grpo_trainer``, the preset's settings it takes: its
+    rollout process plays ``env.factory`` pickled, on the same servers as ``kit``."""
+    import dataclasses
+
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    from agentenv_nb import AgentEnv
+    from agentenv_nb.train import presets
+    from agentenv_nb.train.grpo import async_grpo_trainer
+    taken = {field.name for field in dataclasses.fields(AsyncGRPOConfig)}
+    result["settings_not_taken"] = sorted(set(args.overrides) - taken)  # e.g. steps_per_generation
+    with AgentEnv.local(args.bundle, split="train", sandbox="process", max_concurrent_envs=64,
+                        processes=args.server_processes) as env:
+        model, tokenizer, result["model_kwargs"] = load(args.model, variant_preset(args), json.dumps(args.load))
+        env.check(tokenizer)
+        config = presets.async_grpo_config(variant_preset(args), **{k: v for k, v in args.overrides.items()
+                                                                    if k in taken})
+        result["max_inflight_tasks"] = config.max_inflight_tasks
+        result["rollouts_per_step"] = config.per_device_train_batch_size * config.gradient_accumulation_steps
+        if engine := getattr(model, "vllm_engine", None):  # the engine thread's steps, overlapping the update
+            engine.llm_engine.step = timer.gen.wrap(type(engine.llm_engine).step.__get__(engine.llm_engine))
+        trainer = async_grpo_trainer(model, tokenizer, config, env, callbacks=[timer])
+        trainer.training_step = timer.update.wrap(trainer.training_step, sync=True)  # an instance attribute
+        trainer.train()
+
+
 def run_bare(args, timer: StepTimer, result: dict) -> None:
     from trl import GRPOTrainer
 
     from agentenv_nb.train import presets
-    model, tokenizer, result["model_kwargs"] = load(args.model, args.preset, json.dumps(args.load))
-    train(GRPOTrainer(model=model, processing_class=tokenizer, args=presets.grpo_config(args.preset, **args.overrides),
+    model, tokenizer, result["model_kwargs"] = load(args.model, variant_preset(args), json.dumps(args.load))
+    config = presets.grpo_config(variant_preset(args), **args.overrides)
+    result["rollouts_per_step"] = config.per_device_train_batch_size * config.gradient_accumulation_steps
+    train(GRPOTrainer(model=model, processing_class=tokenizer, args=config,
                       train_dataset=toy_rows(args.bundle), environment_factory=timed_class(ToyGridSim, timer.env),
                       callbacks=[timer]), timer)
+
+
+def trl_grpo_kwargs(args) -> dict:
+    """The preset's GRPO settings as the kit makes them on this machine (``presets.grpo_kwargs``, which imports
+    Unsloth), made in a process of their own so this one stays stock TRL."""
+    made = subprocess.run([sys.executable, "-c", "import json, sys; from agentenv_nb.train import presets; "
+                           "print(json.dumps(presets.grpo_kwargs(sys.argv[1], **json.loads(sys.argv[2]))))",
+                           args.preset, json.dumps(args.overrides)], capture_output=True, text=True)
+    if made.returncode:
+        raise RuntimeError(f"presets.grpo_kwargs failed: {made.stderr[-2000:]}")
+    return json.loads(made.stdout.strip().splitlines()[-1])
 
 
 def run_trl_here(args, timer: StepTimer, result: dict) -> None:
@@ -281,30 +370,59 @@ def run_trl_here(args, timer: StepTimer, result: dict) -> None:
                                                  device_map={"": 0} if CUDA else None)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     lora = {k: v for k, v in presets.peft_kwargs(args.preset).items() if k in ("r", "lora_alpha", "target_modules")}
-    config = GRPOConfig(**json.loads(Path(args.child).read_text()))
+    config = GRPOConfig(**{**trl_grpo_kwargs(args), "scale_rewards": "group"})
+    result["rollouts_per_step"] = config.per_device_train_batch_size * config.gradient_accumulation_steps
     train(GRPOTrainer(model=model, processing_class=tokenizer, args=config, train_dataset=toy_rows(args.bundle),
                       environment_factory=timed_class(ToyGridSim, timer.env), callbacks=[timer],
                       peft_config=LoraConfig(**lora, lora_dropout=0.0, task_type="CAUSAL_LM")), timer)
 
 
-def run_trl(args, timer: StepTimer, result: dict) -> None:
-    """The ``trl`` variant: the same GRPO settings, as stock TRL takes them, in a subprocess writing its result."""
-    from agentenv_nb.train import presets
-    spec = Path(args.work) / "trl_grpo_kwargs.json"
-    spec.write_text(json.dumps({**presets.grpo_kwargs(args.preset, **args.overrides), "scale_rewards": "group"}))
-    command = [sys.executable, os.path.abspath(__file__), *args.argv, "--child", str(spec), "--model", args.model,
+RUNS = {"kit": run_kit, "kit-fp8": run_kit, "kit-16bit": run_kit, "kit-async": run_kit_async, "bare": run_bare,
+        "trl": run_trl_here}
+
+
+def in_own_process(name: str, args) -> dict:
+    """Variant ``name`` run in a process of its own (this script with ``--variant``), which writes its result after
+    each step and at its end; its output goes to ``$OUT/grpo_<name>.log``. A process that fails, is killed or runs
+    past ``--budget-s`` plus ``--setup-s`` leaves the steps it reached, the last lines it wrote and why it ended."""
+    found, log = Path(args.work) / f"{name}.result", out_dir() / f"grpo_{name}{args.tag}.log"
+    command = [sys.executable, os.path.abspath(__file__), *args.argv, "--variant", name, "--model", args.model,
                "--bundle", args.bundle, "--work", args.work]  # the same options, and what this process made
+    limit = args.budget_s + args.setup_s
+    start = time.perf_counter()
+    with log.open("w") as written:
+        child = subprocess.Popen(command, stdout=written, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = child.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            code = f"timeout: killed after {limit:.0f} s (--budget-s {args.budget_s:g} + --setup-s {args.setup_s:g})"
+        finally:  # past the limit, or this process told to stop: its env servers and vLLM's workers go too
+            if child.poll() is None:
+                os.killpg(child.pid, 9)
+                child.wait()
+    result = {"variant": name, "status": "ok", "steps": []}
+    lines = log.read_text(errors="replace").splitlines()
+    ended = code if isinstance(code, str) else f"error: exit code {code}"
     try:
-        code = subprocess.run(command, timeout=args.budget_s + CHILD_SETUP_S).returncode
-    except subprocess.TimeoutExpired:
-        code = f"timeout after {args.budget_s + CHILD_SETUP_S:.0f}s"
-    result.update(json.loads(found.read_text()) if (found := Path(f"{spec}.result")).exists() else {})
+        result.update(json.loads(found.read_text()))
+    except (OSError, json.JSONDecodeError):
+        last = next((line for line in reversed(lines) if line.strip()), "(nothing)")
+        result["status"] = f"{ended}; no result; its log ends: {last[-300:]}"
     if code and result["status"] == "ok":
-        result["status"] = code if isinstance(code, str) else f"error: exit code {code}"
+        result["status"] = ended
+    if result["status"] != "ok":
+        result["log_tail"] = lines[-40:]
+    result.setdefault("wall_s", time.perf_counter() - start)
+    print("\n".join(lines[-15:]), flush=True)
+    result = {**summary(result["steps"]), **result, "weights": loaded_weights(result)}
+    if result.get("steady_step_s") and result.get("rollouts_per_step"):
+        result["rollouts_per_s"] = result["rollouts_per_step"] / result["steady_step_s"]
+    return result
 
 
 def run_variant(name: str, run, args, report=None) -> dict:
-    """Run one variant; an OOM or an error ends it with a status saying so and the step it reached."""
+    """Run one variant here; an OOM or an error ends it with a status saying so, its traceback and the step it
+    reached."""
     free_memory()
     device_peak().reset()
     result = {"variant": name, "status": "ok", "start_alloc_gib": torch.cuda.memory_allocated() / GIB if CUDA else None}
@@ -317,12 +435,14 @@ def run_variant(name: str, run, args, report=None) -> dict:
         result["status"] = f"OOM after step {len(timer.steps)}"
         print(f"{name}: {result['status']}: {error}", flush=True)
     except Exception as error:  # reported in the table; the next variant still runs
-        result["status"] = f"error: {type(error).__name__}: {str(error)[:200]}"
+        result["status"] = f"error: {type(error).__name__}: {str(error)[:300]}"
+        result["traceback"] = traceback.format_exc()
         traceback.print_exc()
     result["wall_s"], result["device_peak_gib"] = time.perf_counter() - start, device_peak().gib()
+    result["process_peak_gib"] = device_peak().own_gib()  # this process's, where NVML sees it
     if utilization := result.get("model_kwargs", {}).get("gpu_memory_utilization"):  # vLLM's share, weights + KV
         result["vllm_gib"] = utilization * torch.cuda.mem_get_info()[1] / GIB
-    if timer.steps:  # else the steps are the TRL subprocess's, in its result
+    if timer.steps:
         result.update(timer.setup, steps=timer.steps, generate_calls=timer.gen.calls)
         if not timer.gen.calls:  # generation ran where the wrapper doesn't see it: leave the split unmeasured
             result["steps"] = [{**step, "gen_s": None, "update_s": None} for step in timer.steps]
@@ -351,11 +471,22 @@ def summary(steps: list[dict], env_tools_s: float | None = None, concurrent_s: f
     return out
 
 
-COLUMNS = [("variant", "variant", 0), ("step", "step", 0), ("status", "status", 0), ("step s", "step_s", 1),
+def loaded_weights(result: dict) -> str | None:
+    """The precision of the weights a variant loaded, from its from_pretrained arguments."""
+    kwargs = result.get("model_kwargs") or {}
+    if not kwargs:
+        return None
+    return "fp8" if kwargs.get("load_in_fp8") else "4bit" if kwargs.get("load_in_4bit") else "16bit"
+
+
+COLUMNS = [("variant", "variant", 0), ("weights", "weights", 0), ("step", "step", 0), ("status", "status", 0),
+           ("step s", "step_s", 1),
            ("gen s", "gen_s", 1), ("env s", "env_s", 2), ("update s", "update_s", 1), ("env %", "env_pct", 1),
            ("peak alloc by generation's end GiB", "gen_peak_alloc_gib", 2), ("peak alloc GiB", "peak_alloc_gib", 2),
            ("peak reserved GiB", "peak_reserved_gib", 2), ("device peak GiB", "device_peak_gib", 2),
-           ("tool calls", "tools/call_frequency", 2), ("completion len", "completions/mean_length", 0)]
+           ("process peak GiB", "process_peak_gib", 2),
+           ("tool calls", "tools/call_frequency", 2), ("completion len", "completions/mean_length", 0),
+           ("rollouts/s", "rollouts_per_s", 2)]
 
 
 def markdown(columns: list[tuple], results: list[dict]) -> list[str]:
@@ -365,6 +496,33 @@ def markdown(columns: list[tuple], results: list[dict]) -> list[str]:
     cell = lambda v, d: "-" if v is None else f"{v:.{d}f}" if isinstance(v, float) else str(v)  # noqa: E731
     return ["| " + " | ".join(h for h, _, _ in columns) + " |", "|" + "---|" * len(columns),
             *("| " + " | ".join(cell(row.get(k), d) for _, k, d in columns) + " |" for row in rows)]
+
+
+def whole_process_gib(result: dict) -> float | None:
+    """A variant's whole-process peak: NVML's count of its process where there is one, else the device's (which
+    counts whatever else ran on the GPU then)."""
+    return result.get("process_peak_gib") or result.get("device_peak_gib")
+
+
+def speed_goals(results: list[dict]) -> list[tuple]:
+    """The goals of the precisions and the async trainer: the fastest synchronous kit variant's step against bare
+    Unsloth's 4-bit (2x faster), the async trainer's seconds a rollout against the synchronous kit's of the same
+    weights (1.5x the rollouts a second), and each kit variant's whole process within the 24 GB."""
+    by = {r["variant"]: r for r in results if r.get("steady_step_s")}
+    goals = []
+    sync = [r for name, r in by.items() if name in ("kit", "kit-fp8", "kit-16bit")]
+    if sync and "bare" in by:
+        fastest = min(sync, key=lambda r: r["steady_step_s"])
+        goals.append((f"fastest kit step ({fastest['variant']}) / bare Unsloth 4-bit step (x)",
+                      fastest["steady_step_s"] / by["bare"]["steady_step_s"], 0.5))
+    if (run := by.get("kit-async")) and run.get("rollouts_per_s"):
+        same = next((r for r in sync if r.get("weights") == run.get("weights") and r.get("rollouts_per_s")), None)
+        if same:
+            goals.append((f"kit-async seconds a rollout / {same['variant']}'s, the same {run['weights']} weights (x)",
+                          same["rollouts_per_s"] / run["rollouts_per_s"], 1 / 1.5))
+    goals += [(f"{name} peak GPU memory, the whole process (GB)", whole_process_gib(r) * GIB / 1e9, 24)
+              for name, r in by.items() if name.startswith("kit-") and whole_process_gib(r)]
+    return goals
 
 
 def table(results: list[dict]) -> str:
@@ -378,9 +536,10 @@ def table(results: list[dict]) -> str:
              ("the same, the tool calls run concurrently (agentenv_nb.train.grpo) (% of a step)",
               kit.get("env_tools_concurrent_pct"), 5),
              ("kit peak reserved (GiB)", kit.get("peak_reserved_gib"), 16)]
-    if vllm:  # the whole process, vLLM's share included, within the card it stands in for
-        goals.append(("kit device peak, the whole process with vLLM's "
-                      f"{kit['vllm_gib']:.1f} GiB (GB)", kit["device_peak_gib"] * GIB / 1e9, 24))
+    if vllm and whole_process_gib(kit):  # the whole process, vLLM's share included, within the card it stands for
+        goals.append(("kit peak GPU memory, the whole process with vLLM's "
+                      f"{kit['vllm_gib']:.1f} GiB (GB)", whole_process_gib(kit) * GIB / 1e9, 24))
+    goals += speed_goals(results)
     return "\n".join(markdown(COLUMNS, results) + [""] + [
         f"- {text}: {value:.2f} (goal <= {limit:g}): {'PASS' if value <= limit else 'FAIL'}"
         for text, value, limit in goals if value])
@@ -389,10 +548,13 @@ def table(results: list[dict]) -> str:
 def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", help="the model folder (the random Qwen3-4B-shaped one: train.tiny.build_random_qwen3_4b)")
-    parser.add_argument("--preset", default="24gb", choices=("24gb", "16bit", "cpu-tiny"))
+    parser.add_argument("--preset", default="24gb", choices=("24gb", "16bit", "cpu-tiny"),
+                        help="the preset every variant trains with; the variant names vLLM's weights")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of " + ", ".join(VARIANTS))
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--budget-s", type=float, default=200.0, help="a variant stops after the step that passes it")
+    parser.add_argument("--setup-s", type=float, default=400.0,
+                        help="a variant's process is killed past --budget-s plus this (imports, vLLM's load)")
     parser.add_argument("--cap-gb", type=float, default=24.0, help="GPU memory held to this many GB (1e9 bytes)")
     parser.add_argument("--no-cap", dest="cap_gb", action="store_const", const=None, help="the whole GPU")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -406,7 +568,7 @@ def parse(argv=None):
     parser.add_argument("--tag", default="", help="appended to the JSON report's name")
     parser.add_argument("--smoke", action="store_true", help="CPU plumbing: tiny model, cpu-tiny, 1 step")
     parser.add_argument("--fake-oom", choices=VARIANTS, help="raise an OOM after that variant's first step")
-    for hidden in ("--bundle", "--work", "--child"):  # set for the TRL subprocess; --child: its GRPO kwargs (JSON)
+    for hidden in ("--bundle", "--work", "--variant"):  # set for a variant's own process
         parser.add_argument(hidden, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
@@ -442,40 +604,52 @@ def write_report(name: str, report: dict) -> Path:
     return path
 
 
+def run_here(args) -> None:
+    """In a variant's own process: run it, held to the cap, writing its result after each step and at its end."""
+    cap_memory(args.cap_gb)
+    report = Path(args.work, f"{args.variant}.result").write_text
+    if args.memory_history and CUDA:
+        torch.cuda.memory._record_memory_history(stacks="python", max_entries=args.memory_history)
+    result = run_variant(args.variant, RUNS[args.variant], args, lambda partial: report(json.dumps(partial)))
+    result["device"] = torch.cuda.get_device_name(0) if CUDA else "cpu"
+    report(json.dumps(result))
+    if args.memory_history and CUDA:  # bench/memory_peak.py reads it, as does pytorch.org/memory_viz
+        torch.cuda.memory._dump_snapshot(str(out_dir() / f"memory_{args.variant}{args.tag}.pickle"))
+
+
 def main(argv=None) -> dict | None:
     args = parse(argv)
-    cap_memory(args.cap_gb)
     args.load = settings(args.load)
-    if args.child:  # the TRL subprocess: writes its result after each step and at the end
-        report = Path(args.child + ".result").write_text
-        report(json.dumps(run_variant("trl", run_trl_here, args, lambda result: report(json.dumps(result)))))
-        return None
-    args.work = tempfile.mkdtemp(prefix="gpu_grpo.")
-    if args.smoke:
-        from agentenv_nb.train.tiny import build_tiny_model
-        args.model = build_tiny_model(Path(args.work) / "tiny")
-    args.bundle = str(write_bundle(Path(args.work) / "gridsim", train=64, eval=4))
-    args.overrides = {"output_dir": str(Path(args.work) / "grpo"), "max_steps": args.steps, "eval_strategy": "no",
-                      "eval_on_start": False, **settings(args.set)}  # what every variant changes in the preset
-    runs, results = {"kit": run_kit, "bare": run_bare, "trl": run_trl}, []
-    for name in args.variants:
-        print(f"== {name} ({args.preset}, cap {args.cap_gb or 'none'} GB, {args.steps} steps)", flush=True)
-        if args.memory_history and CUDA:
-            torch.cuda.memory._record_memory_history(stacks="python", max_entries=args.memory_history)
-        results.append(run_variant(name, runs[name], args))
-        if args.memory_history and CUDA:
-            # bench/memory_peak.py reads it, as does pytorch.org/memory_viz
-            torch.cuda.memory._dump_snapshot(str(out_dir() / f"memory_{name}{args.tag}.pickle"))
-            torch.cuda.memory._record_memory_history(enabled=None)
-        print(table(results[-1:]), flush=True)
-    versions = {m: sys.modules[m].__version__ for m in ("torch", "transformers", "trl", "unsloth", "vllm")
-                if m in sys.modules}
-    device = torch.cuda.get_device_name(0) if CUDA else "cpu"
-    report = {"preset": args.preset, "cap_gb": args.cap_gb, "steps": args.steps, "smoke": args.smoke, "device": device,
-              "settings": settings(args.set), "load": args.load,
-              "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "versions": versions, "results": results}
-    path = write_report(f"grpo_{args.preset}{'' if args.cap_gb else '_nocap'}{args.tag}.json", report)
-    print(f"\n## GRPO, {args.preset}, GPU held to {args.cap_gb or 'all'} GB, {device}\n\n{table(results)}")
+    if not args.variant:
+        args.work = tempfile.mkdtemp(prefix="gpu_grpo.")
+        if args.smoke:
+            from agentenv_nb.train.tiny import build_tiny_model
+            args.model = build_tiny_model(Path(args.work) / "tiny")
+        args.bundle = str(write_bundle(Path(args.work) / "gridsim", train=64, eval=4))
+    args.overrides = {"output_dir": str(Path(args.work) / f"grpo-{args.variant}"), "max_steps": args.steps,
+                      "eval_strategy": "no", "eval_on_start": False, **settings(args.set)}  # every variant's changes
+    if args.variant:
+        return run_here(args)
+    import importlib.metadata
+    import importlib.util
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's TERM: the running variant is killed too
+    versions = {m: importlib.metadata.version(m) for m in ("torch", "transformers", "trl", "unsloth", "vllm", "torchao")
+                if importlib.util.find_spec(m)}
+    report = {"preset": args.preset, "cap_gb": args.cap_gb, "steps": args.steps, "smoke": args.smoke, "device": "cpu",
+              "settings": settings(args.set), "load": args.load, "budget_s": args.budget_s,
+              "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "versions": versions, "results": []}
+    name = f"grpo_{args.preset}{'' if args.cap_gb else '_nocap'}{args.tag}.json"
+    for variant in args.variants:
+        weights = WEIGHTS[variant] or "the preset's"
+        print(f"== {variant} ({args.preset}, vLLM's weights {weights}, cap {args.cap_gb or 'none'} GB, "
+              f"{args.steps} steps)", flush=True)
+        report["results"].append(result := in_own_process(variant, args))
+        report["device"] = result.get("device") or report["device"]
+        path = write_report(name, report)  # after each variant: a run cut short keeps what it measured
+        print(table([result]), flush=True)
+    print(f"\n## GRPO, {args.preset}, GPU held to {args.cap_gb or 'all'} GB, {report['device']}\n\n"
+          f"{table(report['results'])}")
     print(f"\nwrote {path}")
     return report
 

@@ -1,12 +1,19 @@
 """``AgentEnv`` against real agent_env servers on loopback: its dataset, its factory's classes and what TRL 1.15
 reads of them, multi-turn tasks and ``reward=``, unscored rollouts, the pre-training check, and GRPO on CPU with
-a tiny Qwen3-format model: a dict factory over two bundles, and GridSim's tools called by a model taught to.
+a tiny Qwen3-format model: a dict factory over two bundles, and GridSim's tools called by a model taught to. The
+factory pickled into a spawned process, as TRL 1.15's AsyncGRPOTrainer hands it to its rollout process
+(``AsyncRolloutWorker.start``), plays GridSim there as that trainer plays it (reset on its event loop, tools on
+threads, ``get_reward`` awaited as each rollout ends while others play on).
 
 Bundles here deploy no env unless they are GridSim's, whose env runs as a process (sandbox "process").
 """
 
+import asyncio
+import inspect
 import json
 import logging
+import multiprocessing
+import pickle
 
 import pytest
 from .conftest import grpo, one_turn_task, step_logs, turn, verifier, warnings, write_bundle
@@ -14,6 +21,7 @@ from .conftest import grpo, one_turn_task, step_logs, turn, verifier, warnings, 
 from agentenv_nb import AgentEnv
 from agentenv_nb.client.checks import CheckFailed
 from agentenv_nb.client.environment import read_plain_text_replies
+from agentenv_nb.tasks.gridsim import battery
 
 
 def two_turn_task() -> list[dict]:
@@ -172,6 +180,50 @@ def test_gridsims_tools_are_methods_that_play_a_day(gridsim):
         play.submit_schedule(schedule="idle")  # the server's validation error, which TRL hands the model
     assert play.submit_schedule(schedule=[0] * 24).startswith("schedule accepted")
     assert play.get_reward() == pytest.approx(0.2)  # idling all day
+
+
+def play_two_days(factory_bytes: bytes, rows: list[dict], results) -> None:
+    """In the spawned process: two rollouts at once, as the async trainer's loop runs them. The first plays the day's
+    optimum and is scored while the second is still playing; the second then idles its day and is scored."""
+    async def main():
+        factory = pickle.loads(factory_bytes)
+        first, second = factory(), factory()
+        for environment, row in zip((first, second), rows):
+            environment.reset(**row)  # on the loop, as TRL's _generate_loop calls it
+        prices = json.loads(await asyncio.to_thread(first.get_prices))
+        await asyncio.to_thread(first.submit_schedule, schedule=battery.optimal_schedule(prices))
+        scored_first = await first.get_reward()  # the second's episode must play on
+        await asyncio.to_thread(second.get_prices)
+        accepted = await asyncio.to_thread(second.submit_schedule, schedule=[0] * 24)
+        return type(first).__name__, scored_first, accepted, await second.get_reward()
+
+    results.put(asyncio.run(main()))
+
+
+def test_a_pickled_factory_plays_gridsim_in_a_spawned_process(gridsim):
+    rows = [{k: v for k, v in row.items()} for row in gridsim.dataset.to_list()]
+    spawn = multiprocessing.get_context("spawn")  # as AsyncRolloutWorker starts its child
+    results = spawn.Queue()
+    child = spawn.Process(target=play_two_days, args=(pickle.dumps(gridsim.factory), rows, results))
+    child.start()
+    try:
+        name, first_reward, accepted, second_reward = results.get(timeout=120)
+    finally:
+        child.join(30)
+    assert child.exitcode == 0
+    assert name == "gridsim-tiny"  # TRL's reward column: rewards/gridsim-tiny/mean
+    assert first_reward == pytest.approx(1.0)  # the optimum
+    assert accepted.startswith("schedule accepted")  # the first's reward didn't end the second's episode
+    assert second_reward == pytest.approx(0.2)  # idling all day
+
+
+def test_the_factory_stays_trls_synchronous_class_in_its_own_process(gridsim):
+    factory = gridsim.factory
+    assert not inspect.iscoroutinefunction(factory.get_reward)  # GRPOTrainer calls it without awaiting
+    rebuilt = pickle.loads(pickle.dumps(factory))
+    assert rebuilt is not factory and inspect.iscoroutinefunction(rebuilt.get_reward)
+    assert pickle.loads(pickle.dumps(factory)) is rebuilt  # one class, and one runtime, a process
+    assert [n for n in vars(rebuilt) if not n.startswith("_")] == [n for n in vars(factory) if not n.startswith("_")]
 
 
 def test_toolsets_each_makes_a_class_per_toolset(tmp_path):

@@ -24,7 +24,6 @@ episodes its thread started at once, with an empty reply, or the model's plain-t
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 from collections.abc import Callable
 from typing import Any, Literal
@@ -65,9 +64,7 @@ class AgentEnv:
                          "call_timeout": settings.get("call_timeout", call_timeout),
                          "patience": settings.get("patience", patience)}
         self.token = settings.get("token", token)
-        turns = itertools.count()
-        self.rules = Rules(lambda: self.urls[next(turns) % len(self.urls)], self.timeouts, reward,
-                           plain_text_replies, toolsets, self.token)
+        self.rules = Rules(tuple(self.urls), self.timeouts, reward, plain_text_replies, toolsets, self.token)
         self.server = None  # what AgentEnv.local serves the bundle with, stopped with this AgentEnv
         self._http = httpx.Client(base_url=self.url, timeout=self.timeouts["call_timeout"], trust_env=False,
                                   headers={"Authorization": f"Bearer {self.token}"} if self.token else None)

@@ -8,6 +8,12 @@ rollout in flight. Each holds a ``Player`` (``client.player``): its session and 
     play.end_turn(response="42")       # "The episode has ended." (or the next turn's prompt)
     play.get_reward()                  # 1.0, or None when the episode ended in an error, logging why
     with env.factory() as play: ...    # outside a trainer: closes the session, freeing its slot
+    pickle.loads(pickle.dumps(env.factory))   # the class again, in any process: TRL's AsyncGRPOTrainer's rollouts
+
+A class pickles as what rebuilds it (its name, the server's tools and the AgentEnv's rules), so TRL 1.15's
+AsyncGRPOTrainer can hand it to the process it spawns for rollouts; there it plays on a runtime of that process, and
+each ``get_reward`` ends its own episode only (``ScoredAlone``). A ``reward=`` given to AgentEnv must pickle too (a
+step id, or a module-level function).
 
 A tool call that fails raises ToolFailed, whose message TRL hands the model as the tool's result. TRL calls
 ``get_reward()`` with nothing, so a model's plain-text answer reaches the task through a reward function TRL runs
@@ -16,6 +22,10 @@ first, ``read_plain_text_replies`` (``AgentEnv.reward_funcs``).
 
 from __future__ import annotations
 
+import asyncio
+import copyreg
+import json
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -51,14 +61,52 @@ class Environment:
         self._player.close()
 
 
-def environment_class(name: str, tools: tuple[dict[str, Any], ...], runtime: Runtime, rules: Rules
-                      ) -> type[Environment]:
-    """A subclass of Environment named ``name`` with a method per tool of ``tools`` (those TRL can offer)."""
+class ScoredAlone(Environment):
+    """An environment rebuilt from a pickle, in TRL's AsyncGRPOTrainer's rollout process: that trainer scores each
+    rollout as it ends, on its event loop, while others still play, so ``get_reward`` ends this episode only, and
+    waits for it off that loop."""
+
+    async def get_reward(self) -> float | None:
+        """The episode's reward once its turns have ended, or None, logging why, when it ended in an error."""
+        return await asyncio.to_thread(self._player.reward, alone=True)
+
+
+class EnvironmentClass(type):
+    """The type of the classes ``environment_class`` makes, which pickle as what rebuilds them (``copyreg``)."""
+
+    _built_from: tuple[str, tuple[dict[str, Any], ...], Rules]
+
+
+def environment_class(name: str, tools: tuple[dict[str, Any], ...], runtime: Runtime, rules: Rules,
+                      base: type[Environment] = Environment) -> type[Environment]:
+    """A subclass of ``base`` named ``name`` with a method per tool of ``tools`` (those TRL can offer), playing on
+    ``runtime``'s sessions."""
     methods = {tool["name"]: tool_method(tool, _call) for tool in tools
                if not tool["name"].startswith("_") and tool["name"] not in RESERVED}
-    return type(name, (Environment,), {
+    return EnvironmentClass(name, (base,), {
         **methods, "_make_player": staticmethod(lambda: Player(runtime, rules, tools, name)), "_tools": tools,
-        "__module__": __name__, "__qualname__": name})
+        "_built_from": (name, tools, rules), "__module__": __name__, "__qualname__": name})
+
+
+_rebuilt: dict[str, type[Environment]] = {}  # by what they were rebuilt from: one class and runtime a process
+_rebuilding = threading.Lock()
+
+
+def rebuilt_class(name: str, tools: tuple[dict[str, Any], ...], rules: Rules) -> type[Environment]:
+    """The class a pickled environment class stands for, in the process that unpickles it: its tools, playing the
+    same servers on a runtime of this process, scored alone (``ScoredAlone``); one class for each it stands for."""
+    key = json.dumps([name, tools, rules.urls, rules.token], sort_keys=True, default=str)
+    with _rebuilding:
+        if key not in _rebuilt:
+            from agentenv_nb.lifecycle import close_at_exit
+
+            runtime = Runtime(name)
+            close_at_exit(lambda: runtime.close(rules.timeouts["patience"]))
+            _rebuilt[key] = environment_class(name, tools, runtime, rules, base=ScoredAlone)
+        return _rebuilt[key]
+
+
+copyreg.pickle(EnvironmentClass, lambda cls: (rebuilt_class, cls._built_from))
 
 
 def server_tools(cls: type[Environment]) -> tuple[dict[str, Any], ...]:

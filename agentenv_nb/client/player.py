@@ -16,12 +16,12 @@ ToolFailed, whose message TRL hands the model as the tool's result.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import threading
-from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from agentenv_nb.client.runtime import Runtime
@@ -40,14 +40,23 @@ class ToolFailed(Exception):
 
 @dataclass(frozen=True)
 class Rules:
-    """How an AgentEnv's environments play: the servers' sessions, the reward rule, and the options."""
+    """How an AgentEnv's environments play: the servers' sessions, the reward rule, and the options. They pickle
+    (with a ``reward`` that does), for environments rebuilt in another process."""
 
-    next_url: Callable[[], str]
+    urls: tuple[str, ...]  # the servers, each new session on the next
     timeouts: dict[str, float]
     reward: Reward = None
     plain_text_replies: bool = False
     toolsets: Literal["first", "each"] = "first"
     token: str | None = None  # the servers' access token
+    turns: itertools.count = field(default_factory=itertools.count, init=False, repr=False, compare=False)
+
+    def next_url(self) -> str:
+        """The server the next session goes to."""
+        return self.urls[next(self.turns) % len(self.urls)]
+
+    def __reduce__(self):
+        return Rules, tuple(getattr(self, f.name) for f in fields(self) if f.init)  # the turns start again there
 
 
 @dataclass
@@ -100,9 +109,10 @@ class Player:
             if episode is not None and episode.finished is None:
                 episode.finished = self.runtime.submit(self._finish(episode))
 
-    def reward(self) -> float | None:
+    def reward(self, alone: bool = False) -> float | None:
         """The episode's reward once every turn has ended, or None, logging why, when it ended in an error. Starts
-        ending the open turns of every episode this thread started, so a batch's end at once."""
+        ending the open turns of every episode this thread started, so a batch's end at once; ``alone``: this
+        episode's only, for a trainer that scores each rollout as it ends while others still play."""
         episode = self.episode
         if episode is None:
             raise RuntimeError(f"{self.name}: get_reward() before any episode: call reset(**row) first, as "
@@ -111,7 +121,8 @@ class Player:
             self.runtime.warn_once("plain_text_replies is on, but the trainer handed no completion to this "
                                    "environment: pass reward_funcs=env.reward_funcs to GRPOTrainer")
         self.finish_soon()
-        self.runtime.finish_episodes_started_here()
+        if not alone:
+            self.runtime.finish_episodes_started_here()
         bound = self.session.reset_bound + MAX_TURNS * self.session.call_timeout
         try:
             self.runtime.wait(episode.finished, bound, "ending the episode")

@@ -13,12 +13,15 @@ import dataclasses
 from agentenv_nb.stack import import_unsloth
 
 
+_MODULES = {"AsyncGRPOConfig": "trl.experimental.async_grpo"}  # configs not in trl's top level
+
+
 def build(config_class: str, expected: dict):
     """TRL's ``config_class`` (Unsloth's rewrite, on a GPU) made from ``expected``, checked to keep every setting."""
     import_unsloth()
-    import trl
+    import importlib
 
-    config = getattr(trl, config_class)(**expected)
+    config = getattr(importlib.import_module(_MODULES.get(config_class, "trl")), config_class)(**expected)
     check_config(config, expected)
     return config
 

@@ -1,9 +1,14 @@
-"""TRL 1.15's GRPOTrainer (Unsloth's rewrite of it, once ``import_unsloth()`` ran) with a generation batch's tool
-calls run at once: TRL's loop calls them rollout after rollout, each waiting for the last.
+"""The kit's two GRPO trainers. ``GRPOTrainer``: TRL 1.15's (Unsloth's rewrite of it, once ``import_unsloth()``
+ran) with a generation batch's tool calls run at once: TRL's loop calls them rollout after rollout, each waiting for
+the last. ``async_grpo_trainer``: Unsloth's AsyncGRPOTrainer on one GPU, which generates the next rollouts on the
+model's own vLLM while this step's update runs, so a step tends to the longer of the two instead of their sum.
 
     from agentenv_nb.train.grpo import GRPOTrainer      # instead of `from trl import GRPOTrainer`
     trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=config, train_dataset=env.dataset,
                           environment_factory=env.factory, reward_funcs=env.reward_funcs, callbacks=[env.metrics])
+
+    config = presets.async_grpo_config("24gb", output_dir="out", max_steps=40)     # or, generating ahead:
+    trainer = async_grpo_trainer(model, tokenizer, config, env, callbacks=[live])  # a model loaded with vLLM
 
 TRL's loop stays as it is (``max_tool_calling_iterations``, the roll-back of tool results past the completion budget,
 ``tools/call_frequency`` and ``tools/failure_frequency``): the first tool it calls in a round runs every rollout's
@@ -93,3 +98,27 @@ class GRPOTrainer(trl.GRPOTrainer):
                                            multimodal_fields)
         finally:
             self._sync_tool_dicts = rounds.originals
+
+
+def async_grpo_trainer(model, processing_class, args, env, callbacks=()):
+    """Unsloth's AsyncGRPOTrainer (TRL 1.15's ``trl.experimental.async_grpo``, which Unsloth patches to serve the
+    model's own vLLM engine on localhost) training on ``env``'s tasks, with ``args`` from
+    ``presets.async_grpo_config``. It needs what Unsloth asks of it: the model loaded with vLLM
+    (``fast_inference``, as ``models.load_model`` does on a GPU where vLLM imports) and LoRA. Its rollout process
+    plays ``env.factory`` (pickled), a session a rollout in flight, so ``args.max_inflight_tasks`` is at most the
+    servers' sessions. Each rollout's reward is its env's; eval and per-score metrics are GRPOTrainer's only."""
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+    if getattr(model, "vllm_engine", None) is None:
+        raise ValueError("async_grpo_trainer generates on the model's own vLLM engine, and this model has none: load "
+                         "it with a preset that generates on vLLM (fast_inference), on a GPU where vLLM imports")
+    if env.rules.plain_text_replies:
+        raise ValueError("plain_text_replies needs GRPOTrainer: TRL's AsyncGRPOTrainer hands reward functions no "
+                         "environments, so a plain-text reply can't reach its task; make the AgentEnv without it")
+    sessions = args.max_inflight_tasks * len(env.factories)  # a pool of environments per class, each as large
+    if env.max_concurrent_envs is not None and sessions > env.max_concurrent_envs:
+        raise ValueError(f"max_inflight_tasks={args.max_inflight_tasks} rollouts in flight hold up to {sessions} env "
+                         f"sessions, and the servers hold {env.max_concurrent_envs}: serve with max_concurrent_envs="
+                         f"{sessions} or more, or lower max_inflight_tasks")
+    return AsyncGRPOTrainer(model=model, processing_class=processing_class, args=args, train_dataset=env.dataset,
+                            environment_factory=env.factory, reward_funcs=env.reward_funcs, callbacks=list(callbacks))

@@ -2,7 +2,9 @@
 GRPO and SFT arguments are pure functions of a preset.
 
 ``"24gb"`` is the Unsloth GridSim recipe (https://www.agentenvframework.com/docs/training/unsloth) on a 24 GB GPU
-(4-bit QLoRA), and ``Preset``'s defaults are its settings; ``"16bit"`` is the same in 16-bit LoRA (the L40S row),
+(4-bit QLoRA; where it generates on vLLM, the weights vLLM and LoRA share in the fastest precision the card takes,
+``vllm_weights``: fp8 on Hopper and later, 16-bit where they fit, else 4-bit), and ``Preset``'s defaults are its
+settings, and ``"24gb-4bit"`` the same with 4-bit vLLM on any card (the recipe's own); ``"16bit"`` is the same in 16-bit LoRA (the L40S row),
 ``"cpu-tiny"`` the same recipe shrunk for the tiny offline model on a CPU (only: on a GPU, Unsloth turns bf16
 autocast on for the float32 tiny model). Every argument Unsloth's GRPOConfig/SFTConfig would change when left unset
 is set here, and each config is checked after it is built (``configs``), so a run's settings are TRL's and ours, not
@@ -30,7 +32,7 @@ import functools
 import os
 from typing import Any
 
-from agentenv_nb.stack import vllm_available
+from agentenv_nb.stack import import_unsloth, vllm_available
 from agentenv_nb.train import configs, vllm_sizing
 
 # Where a setting goes; "small": the SFT of a small model, "trainer": GRPO's and SFT's
@@ -60,6 +62,8 @@ class Preset:
     vllm: bool = _part("model", True)  # fast_inference: generate on Unsloth's colocated vLLM, where vLLM imports
     vllm_share: float = _part("model", 0.5)  # of the memory the run may use, vLLM's: the recipe's
     # gpu_memory_utilization, taken of at most gpu_gb (vllm_sizing)
+    vllm_weights: str = _part("model", "auto")  # with vLLM, the weights it generates from and LoRA trains on: "fp8",
+    # "16bit", "4bit", or "auto", the fastest this card takes (vllm_sizing.choose_weights); without, load_in_4bit's
     # FastLanguageModel.get_peft_model
     lora_r: int = _part("lora", 32)
     lora_alpha: int = _part("lora", 64)
@@ -119,8 +123,9 @@ class Preset:
 
 PRESETS = {preset.name: preset for preset in (
     Preset("24gb"),
+    Preset("24gb-4bit", vllm_weights="4bit"),  # the recipe's 4-bit vLLM on any card: what "24gb" was before fp8
     Preset("16bit", gpu_gb=48.0, gpu_need_gb=40.0, gpu_need_gb_without_vllm=25.0,  # the L40S; vLLM takes half
-           load_in_4bit=False, generation_parts_without_vllm=1),
+           load_in_4bit=False, vllm_weights="16bit", generation_parts_without_vllm=1),
     Preset("cpu-tiny", gpu_gb=None, gpu_need_gb=0.0, gpu_need_gb_without_vllm=0.0,
            torch_threads=1,  # its small CPU host also runs the envs and their server, which more threads spin against
            load_in_4bit=False, max_seq_length=1024, dtype="float32", vllm=False,
@@ -140,6 +145,9 @@ PRESETS = {preset.name: preset for preset in (
 
 
 _EXPLICIT = {"report_to": "none", "logging_steps": 1}  # defaults Unsloth's config rewrite replaces, set back
+# FastLanguageModel.from_pretrained's precision arguments for vLLM's weights (vllm_weights)
+_LOADED_IN = {"fp8": {"load_in_4bit": False, "load_in_fp8": True}, "16bit": {"load_in_4bit": False},
+              "4bit": {"load_in_4bit": True}}
 
 
 def named(preset: Preset | str) -> Preset:
@@ -207,13 +215,40 @@ def full_finetuning(preset: Preset | str, stage: str) -> bool:
     return stage == "sft" and named(preset).full_finetuning_sft
 
 
+@functools.cache
+def _say(line: str) -> None:
+    print(line)
+
+
+def vllm_weights(preset: Preset | str, model_name: str) -> str:
+    """The precision vLLM generates ``model_name`` in for ``preset`` (one of ``vllm_sizing.WEIGHTS``): the preset's,
+    or for "auto" the fastest this card takes, said in one line (once)."""
+    preset = named(preset)
+    if preset.vllm_weights not in ("auto", *vllm_sizing.WEIGHTS):
+        raise ValueError(f"vllm_weights={preset.vllm_weights!r}: choose 'auto' or one of {vllm_sizing.WEIGHTS}")
+    if preset.vllm_weights != "auto":
+        return preset.vllm_weights
+    import torch
+
+    card, allowed = vllm_sizing.gpu_memory()
+    vllm_bytes = card * vllm_sizing.gpu_memory_utilization(preset.vllm_share, card, allowed, preset.gpu_gb * 1e9)
+    choice, why = vllm_sizing.choose_weights(torch.cuda.get_device_capability(), vllm_bytes,
+                                             vllm_sizing.weights_16bit_bytes(model_name))
+    _say(f"agentenv_nb: vLLM generates from {why}. Name another with "
+         f"dataclasses.replace(preset, vllm_weights=...), one of {vllm_sizing.WEIGHTS}.")
+    return choice
+
+
 def model_kwargs(preset: Preset | str, model_name: str, **overrides: Any) -> dict:
-    """Keyword arguments for ``FastLanguageModel.from_pretrained``; with vLLM, sized to the memory the run may use."""
+    """Keyword arguments for ``FastLanguageModel.from_pretrained``; with vLLM, sized to the memory the run may use,
+    its weights in the precision ``vllm_weights`` says."""
     preset = named(preset)
     # An overriding fast_inference (the SFT stage's False) decides first: no vLLM sized, or asked about, for nothing
     use_vllm = overrides.pop("fast_inference") if "fast_inference" in overrides else fast_inference(preset)
     kwargs = {"model_name": model_name, "max_seq_length": preset.max_seq_length, "load_in_4bit": preset.load_in_4bit,
               "fast_inference": use_vllm, "max_lora_rank": preset.lora_r}
+    if kwargs["fast_inference"]:
+        kwargs.update(_LOADED_IN[vllm_weights(preset, model_name)])
     if kwargs["fast_inference"] and "gpu_memory_utilization" not in overrides:  # a share of the WHOLE card
         kwargs["gpu_memory_utilization"] = vllm_sizing.gpu_memory_utilization(
             preset.vllm_share, *vllm_sizing.gpu_memory(), made_for_bytes=preset.gpu_gb * 1e9)
@@ -305,6 +340,29 @@ def sft_kwargs(preset: Preset | str, output_dir: str = "sft-outputs", max_steps:
     if max_steps is not None:
         kwargs["max_steps"] = max_steps
     return {**kwargs, **_checkpointing(output_dir, save_steps, resume), **overrides}
+
+
+def async_grpo_kwargs(preset: Preset | str, output_dir: str = "outputs", max_steps: int | None = None,
+                      save_steps: int | None = None, resume: bool | str = False, **overrides: Any) -> dict:
+    """The AsyncGRPOConfig arguments of a preset (``train.grpo.async_grpo_trainer``): its GRPO settings that TRL's
+    AsyncGRPOTrainer takes. That trainer has a loss of its own (each token's clipped ratio over the step's tokens:
+    no loss_type, scale_rewards or beta, which the recipe sets to 0), generates ahead (``max_staleness``) instead of
+    ``steps_per_generation``, and has no eval loop. Rollouts in flight, each an env session: a step's."""
+    import_unsloth()  # before trl
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    kwargs = grpo_kwargs(preset, output_dir, max_steps, save_steps, resume)
+    taken = {field.name for field in dataclasses.fields(AsyncGRPOConfig)}
+    kwargs = {name: value for name, value in kwargs.items() if name in taken}
+    kwargs = {**kwargs, "eval_strategy": "no", "eval_on_start": False, **overrides}
+    kwargs.setdefault("max_inflight_tasks", kwargs["per_device_train_batch_size"] * kwargs["gradient_accumulation_steps"])
+    return kwargs
+
+
+def async_grpo_config(preset: Preset | str, **kwargs: Any):
+    """A checked ``trl.experimental.async_grpo.AsyncGRPOConfig`` for ``preset`` (arguments as
+    ``async_grpo_kwargs``); imports unsloth first."""
+    return configs.build("AsyncGRPOConfig", async_grpo_kwargs(preset, **kwargs))
 
 
 def grpo_config(preset: Preset | str, **kwargs: Any):

@@ -13,6 +13,7 @@ imports, the preset generates on Unsloth's colocated vLLM (``fast_inference=True
 of vLLM's structured outputs steers; else transformers' ``generate`` and its ``sequence_bias`` do.
 """
 
+import dataclasses
 import functools
 import os
 import shutil
@@ -77,7 +78,8 @@ def test_4bit_grpo_step_calls_tools_through_agentenv(model_path, tmp_path):
     torch.cuda.set_per_process_memory_fraction(min(1.0, 24e9 / torch.cuda.mem_get_info()[1]))  # an L4's 24 GB
     bundle = write_bundle(tmp_path / "gridsim", train=4, eval=1)
     with AgentEnv.local(bundle, split="train", sandbox="process", max_concurrent_envs=16) as env:
-        model, tokenizer = models.load_model(model_path, "24gb")
+        four_bit = dataclasses.replace(presets.PRESETS["24gb"], vllm_weights="4bit")  # not the card's fastest
+        model, tokenizer = models.load_model(model_path, four_bit)
         assert any(type(module).__name__ == "Linear4bit" for module in model.modules()), "not loaded in 4-bit"
         use_vllm = presets.fast_inference("24gb")
         assert (getattr(model, "vllm_engine", None) is not None) == use_vllm, "fast_inference didn't pick the backend"

@@ -1,0 +1,106 @@
+"""The precision of vLLM's weights (which LoRA trains on) by the card: fp8 where Unsloth quantizes to it, 16-bit
+where the weights fit, 4-bit otherwise; a user names another. And the Unsloth and vLLM internals the fp8 choice
+builds on (Unsloth 2026.10.9, vLLM 0.29.0), which fail here loudly when they change."""
+
+import dataclasses
+import inspect
+
+import pytest
+
+from agentenv_nb.stack import import_unsloth
+from agentenv_nb.train import presets, vllm_sizing
+
+QWEN3_4B_16BIT = 8.04e9  # Qwen3-4B's 4.02 B parameters in 16-bit
+VLLM_24GB = 12e9  # the "24gb" preset's vLLM: half of 24 GB
+
+
+@pytest.mark.parametrize(("capability", "weights", "choice", "words"), [
+    ((9, 0), QWEN3_4B_16BIT, "fp8", "compute capability 9.0) has fp8"),  # H100, H200
+    ((12, 0), QWEN3_4B_16BIT, "fp8", "has fp8"),  # RTX 50
+    ((8, 9), QWEN3_4B_16BIT, "4bit", "16-bit weights' 8.0 GB exceed 50% of vLLM's 12.0 GB"),  # the L4, RTX 40
+    ((8, 9), 0.27e9, "16bit", "16-bit weights' 0.3 GB fit 50% of vLLM's 12.0 GB"),  # SmolLM2-135M on an L4
+    ((8, 0), 6e9, "16bit", "no fp8 Unsloth quantizes to on the fly (from 9.0)"),  # A100, just fitting
+    ((7, 5), 6.1e9, "4bit", "exceed"),  # T4 (Colab's free card)
+])
+def test_the_card_chooses_the_fastest_precision_and_says_why_in_one_line(capability, weights, choice, words):
+    chosen, why = vllm_sizing.choose_weights(capability, VLLM_24GB, weights)
+    assert chosen == choice and words in why and "\n" not in why
+    assert why.startswith({"fp8": "fp8 weights", "16bit": "16-bit weights", "4bit": "4-bit weights"}[choice])
+
+
+def test_the_16bit_weights_are_counted_from_the_config_alone(tmp_path):
+    from transformers import Qwen3Config
+
+    Qwen3Config(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True
+                ).save_pretrained(tmp_path)  # Qwen3-4B's published shape, no weights
+    assert vllm_sizing.weights_16bit_bytes(str(tmp_path)) == pytest.approx(QWEN3_4B_16BIT, rel=0.01)
+
+
+@pytest.mark.parametrize(("weights", "loaded_in"), [
+    ("fp8", {"load_in_4bit": False, "load_in_fp8": True}), ("16bit", {"load_in_4bit": False}),
+    ("4bit", {"load_in_4bit": True})])
+def test_a_named_precision_is_what_unsloth_loads_with_vllm(weights, loaded_in):
+    mine = dataclasses.replace(presets.PRESETS["24gb"], vllm_weights=weights)
+    kwargs = presets.model_kwargs(mine, "m", fast_inference=True, gpu_memory_utilization=0.25)
+    assert {k: kwargs.get(k) for k in ("load_in_4bit", "load_in_fp8")} == {"load_in_fp8": None, **loaded_in}
+    assert kwargs["fast_inference"] and kwargs["gpu_memory_utilization"] == 0.25
+    # without vLLM (the SFT stage, transformers' generate) the preset's own load_in_4bit: 4-bit QLoRA
+    assert presets.model_kwargs(mine, "m", fast_inference=False) == {
+        "model_name": "m", "max_seq_length": 4096, "load_in_4bit": True, "fast_inference": False, "max_lora_rank": 32}
+
+
+def test_the_recipes_4bit_stays_a_preset_a_notebook_names():
+    assert presets.differences("24gb", "24gb-4bit") == {"vllm_weights": ("auto", "4bit")}
+
+
+def test_an_unknown_precision_is_refused_in_one_line():
+    mine = dataclasses.replace(presets.PRESETS["24gb"], vllm_weights="int8")
+    with pytest.raises(ValueError, match=r"vllm_weights='int8': choose 'auto' or one of \('fp8', '16bit', '4bit'\)"):
+        presets.model_kwargs(mine, "m", fast_inference=True, gpu_memory_utilization=0.25)
+
+
+def _on_a_card(monkeypatch, capability):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: capability)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+
+
+def test_unsloths_on_the_fly_fp8_starts_at_compute_capability_9(monkeypatch):
+    """Unsloth 2026.10.9 checks the card as vLLM loads (FastLlamaModel.from_pretrained calls this gate with
+    fast_inference) and refuses below 9.0: FP8_FROM is its gate. The gate also needs torchao 0.15+ installed."""
+    import_unsloth()
+    import torchao
+    from packaging.version import Version
+    from unsloth.models import llama, loader_utils
+
+    gate = loader_utils._get_fp8_mode_and_check_settings
+    assert "_get_fp8_mode_and_check_settings(\n                        load_in_fp8,\n                        " \
+           "fast_inference," in inspect.getsource(llama.FastLlamaModel.from_pretrained)
+    _on_a_card(monkeypatch, vllm_sizing.FP8_FROM)
+    assert gate(True, fast_inference=True) == "row" and Version(torchao.__version__) >= Version("0.15.0")
+    _on_a_card(monkeypatch, (8, 9))
+    with pytest.raises(ValueError, match="requires H100 GPUs or after"):
+        gate(True, fast_inference=True)
+    with pytest.raises(ValueError, match="not compatible with `load_in_4bit`"):  # why fp8 turns load_in_4bit off
+        gate(True, fast_inference=True, load_in_4bit=True)
+
+
+def test_unsloth_asks_vllm_0_29_for_its_online_per_channel_fp8():
+    """load_in_fp8=True is "row": vLLM's own online fp8 (``quantization="fp8_per_channel"``, which vLLM 0.29 lists),
+    not an offline torchao copy of the model, and the training model shares those fp8 weights (FP8Linear)."""
+    import_unsloth()
+    from unsloth.models import loader_utils
+    from unsloth_zoo import vllm_utils
+
+    online = vllm_utils._get_vllm_online_fp8_quantization
+    assert online("row", quantization_methods=["fp8", "fp8_per_channel", "fp8_per_block"],
+                  device_capability=(9, 0)) == "fp8_per_channel"
+    assert online("row", quantization_methods=["fp8"], device_capability=(9, 0)) is None  # then torchao's
+    assert 'engine_args["quantization"] = native_fp8' in inspect.getsource(vllm_utils)
+    assert "fp8_mode = fp8_mode" in inspect.getsource(vllm_utils.load_vllm) or "fp8_mode" in inspect.signature(
+        vllm_utils.load_vllm).parameters
+    needs_offline = inspect.getsource(loader_utils._fp8_needs_offline_quantize)
+    assert 'Version(vllm.__version__) < Version("0.12.0")' in needs_offline  # vLLM 0.29 quantizes as it loads
