@@ -7,9 +7,10 @@
 #
 # At once, each on the one GPU held as its own card would be:
 # - bench/expert_replay.py, notebook 02's replay of 2,000 expert episodes on the host's cores; once it is done,
-#   tests/gpu/test_notebooks.py for "24gb" (held to 24 GB) and "16bit" (48 GB) on one generated bundle, each in its
-#   own folder: the notebooks top to bottom with SmolLM2-135M-Instruct;
-# - bench/gpu_grpo.py on the random Qwen3-4B shape, held to 24 GB: the variants GPU_VARIANTS names (kit,bare).
+#   tests/gpu/test_notebooks.py for each of GPU_PRESETS ("24gb-4bit", the recipe's 4-bit, and "24gb", the card's
+#   fastest, each held to 24 GB; "16bit" to 48 GB) on one generated bundle, each in its own folder: the notebooks top
+#   to bottom with SmolLM2-135M-Instruct;
+# - bench/gpu_grpo.py on the random Qwen3-4B shape, held to 24 GB: the variants GPU_VARIANTS names (all but trl).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-/var/tmp/gpu-run}
@@ -45,16 +46,18 @@ grpo() {  # the Qwen3-4B shape: every variant in one run
   python3 -c "import sys; from agentenv_nb.train.tiny import build_random_qwen3_4b as b; b(sys.argv[1], device='cuda')" \
     "$WORK/q4b" > "$WORK/q4b.log" 2>&1 &&
     OUT=$WORK timeout -k 10 $(($(left) - 30)) python3 bench/gpu_grpo.py --model "$WORK/q4b" \
-      --variants "${GPU_VARIANTS:-kit,bare}" --budget-s "${GPU_VARIANT_BUDGET_S:-100}" > "$WORK/grpo.log" 2>&1
+      --variants "${GPU_VARIANTS:-bare,kit,kit-fp8,kit-16bit,kit-async}" --budget-s "${GPU_VARIANT_BUDGET_S:-90}" > "$WORK/grpo.log" 2>&1
   say "grpo: exit $?"
 }
-say "the Qwen3-4B comparison (${GPU_VARIANTS:-kit,bare}); the expert's 2,000 episodes, then the notebooks"
+say "the Qwen3-4B comparison; the expert's 2,000 episodes, then the notebooks"
 grpo & compare=$!
 timeout -k 10 300 python3 bench/expert_replay.py --episodes 2000 --server-processes 8 --lanes 32 \
   > "$WORK/expert_replay.json" 2> "$WORK/expert_replay.log"
 say "expert replay: exit $? $(cat "$WORK/expert_replay.json")"
-notebooks 24gb & first=$!
-sleep 45
-notebooks 16bit & second=$!
-wait $compare $first $second
+runs=()
+for preset in ${GPU_PRESETS:-24gb-4bit 16bit 24gb}; do
+  notebooks "$preset" & runs+=($!)
+  sleep 30  # each kernel's model and vLLM loaded apart
+done
+wait $compare "${runs[@]}"
 say done
