@@ -15,8 +15,8 @@ with the preset's GRPO settings (32 rollouts a step, 1024 completion tokens), ev
 ``kit``, notebook 03's path (``AgentEnv.local``, process sandbox, 64 sessions over ``--server-processes`` server
 processes; ``models.load_model``; ``presets.grpo_config``; Unsloth's GRPOTrainer with ``env.factory``,
 ``env.reward_funcs``, ``env.metrics``, the console live plot) with vLLM's weights in 4-bit, the recipe's;
-``kit-fp8`` and ``kit-16bit``, the same in fp8 and 16-bit (``Preset.vllm_weights``); ``kit-async``, the preset as a
-user gets it on this card (``vllm_weights="auto"``: fp8 on Hopper) through ``train.grpo.async_grpo_trainer``, Unsloth's
+``kit-fp8`` and ``kit-16bit``, the same in fp8 and 16-bit (``Preset.vllm_weights``); ``kit-async``, the preset's own
+weights through ``train.grpo.async_grpo_trainer``, Unsloth's
 AsyncGRPOTrainer, whose generation overlaps the update; ``bare``, Unsloth's GRPOTrainer with the in-process
 ``ToyGridSim`` and the recipe's 4-bit, the floor the kit adds to; ``trl``, stock TRL with bitsandbytes 4-bit (bf16 for
 "16bit") and a PEFT LoRA on ToyGridSim, what a user would pick instead. A step splits into generation (``generate``
@@ -61,7 +61,7 @@ from agentenv_nb.tasks.gridsim import battery, write_bundle  # noqa: E402
 
 # vLLM's weights a variant loads (Preset.vllm_weights); None: the preset's own, with "auto" as the recipe's 4-bit (the
 # trl variant loads its own way)
-WEIGHTS = {"kit": None, "kit-fp8": "fp8", "kit-16bit": "16bit", "kit-async": "auto", "bare": None, "trl": None}
+WEIGHTS = {"kit": None, "kit-fp8": "fp8", "kit-16bit": "16bit", "kit-async": None, "bare": None, "trl": None}
 VARIANTS = tuple(WEIGHTS)
 LOGGED = ("tools/call_frequency", "completions/mean_length", "reward", "loss")
 
@@ -206,7 +206,9 @@ def toy_rows(bundle: str):
 def train(trainer, timer: StepTimer) -> None:
     trainer.model.generate = timer.gen.wrap(trainer.model.generate, sync=True)  # an instance attribute: no patching
     if engine := getattr(trainer.model, "vllm_engine", None):  # Unsloth's colocated vLLM: TRL calls its generate
-        engine.generate = timer.gen.wrap(type(engine).generate.__get__(engine), sync=True)
+        # the instance's generate: Unsloth wraps it for 16-bit merged-weight rollouts, and vLLM refuses the sentinel
+        # LoRA request that wrapper takes when the class's generate is called instead
+        engine.generate = timer.gen.wrap(engine.generate, sync=True)
     trainer.train()
 
 

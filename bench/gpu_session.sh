@@ -7,9 +7,8 @@
 #
 # At once, each on the one GPU held as its own card would be:
 # - bench/expert_replay.py, notebook 02's replay of 2,000 expert episodes on the host's cores; once it is done,
-#   tests/gpu/test_notebooks.py for each of GPU_PRESETS ("24gb-4bit", the recipe's 4-bit, and "24gb", the card's
-#   fastest, each held to 24 GB; "16bit" to 48 GB) on one generated bundle, each in its own folder: the notebooks top
-#   to bottom with SmolLM2-135M-Instruct;
+#   tests/gpu/test_notebooks.py for each of GPU_PRESETS ("24gb" held to 24 GB, "16bit" to 48 GB) on one generated
+#   bundle, each in its own folder: the notebooks top to bottom with SmolLM2-135M-Instruct;
 # - bench/gpu_grpo.py on the random Qwen3-4B shape, held to 24 GB: the variants GPU_VARIANTS names (all but trl).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -55,7 +54,7 @@ timeout -k 10 300 python3 bench/expert_replay.py --episodes 2000 --server-proces
   > "$WORK/expert_replay.json" 2> "$WORK/expert_replay.log"
 say "expert replay: exit $? $(cat "$WORK/expert_replay.json")"
 runs=()
-for preset in ${GPU_PRESETS:-24gb-4bit 16bit 24gb}; do
+for preset in ${GPU_PRESETS:-24gb 16bit}; do
   notebooks "$preset" & runs+=($!)
   sleep 30  # each kernel's model and vLLM loaded apart
 done

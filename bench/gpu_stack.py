@@ -161,13 +161,17 @@ def install(site: Path, manifest: dict) -> None:
     with ProcessPoolExecutor() as pool:  # the machine's cores, where pip --target took 139 s on one
         list(pool.map(unpack, sorted(wheels.iterdir()), [target] * len(manifest["wheels"])))
     shutil.rmtree(wheels)
+    # Compiled as pip compiles what it installs, so a source's SyntaxWarning (torchao's) is pip's to hide, not the
+    # first import's to print
+    subprocess.run([sys.executable, "-W", "ignore", "-m", "compileall", "-q", "-j", "0", str(target)], check=True,
+                   stdout=subprocess.DEVNULL)
     (site / "installed.json").write_text(json.dumps(manifest["wheels"]))
     print(f"gpu_stack: installed {len(manifest['wheels'])} wheels; PYTHONPATH={target}")
 
 
 def unpack(wheel: Path, target: Path) -> None:
-    """Install ``wheel`` into ``target`` as pip's --target does, less its compiled bytecode and console scripts
-    (nothing there runs them): its files, and its .data folder's scripts, headers and data where pip puts them."""
+    """Install ``wheel`` into ``target`` as pip's --target does, less its console scripts (nothing there runs them):
+    its files, and its .data folder's scripts, headers and data where pip puts them."""
     with zipfile.ZipFile(wheel) as archive:
         for member in archive.infolist():
             path = archive.extract(member, target)

@@ -50,8 +50,9 @@ def test_a_named_precision_is_what_unsloth_loads_with_vllm(weights, loaded_in):
         "model_name": "m", "max_seq_length": 4096, "load_in_4bit": True, "fast_inference": False, "max_lora_rank": 32}
 
 
-def test_the_recipes_4bit_stays_a_preset_a_notebook_names():
-    assert presets.differences("24gb", "24gb-4bit") == {"vllm_weights": ("auto", "4bit")}
+def test_the_24gb_preset_generates_from_the_recipes_4bit_weights_and_auto_is_a_choice_a_user_names():
+    assert presets.PRESETS["24gb"].vllm_weights == "4bit" and presets.PRESETS["16bit"].vllm_weights == "16bit"
+    assert presets.model_kwargs("24gb", "m", fast_inference=True, gpu_memory_utilization=0.25)["load_in_4bit"]
 
 
 def test_an_unknown_precision_is_refused_in_one_line():

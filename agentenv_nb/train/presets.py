@@ -2,9 +2,8 @@
 GRPO and SFT arguments are pure functions of a preset.
 
 ``"24gb"`` is the Unsloth GridSim recipe (https://www.agentenvframework.com/docs/training/unsloth) on a 24 GB GPU
-(4-bit QLoRA; where it generates on vLLM, the weights vLLM and LoRA share in the fastest precision the card takes,
-``vllm_weights``: fp8 on Hopper and later, 16-bit where they fit, else 4-bit), and ``Preset``'s defaults are its
-settings, and ``"24gb-4bit"`` the same with 4-bit vLLM on any card (the recipe's own); ``"16bit"`` is the same in 16-bit LoRA (the L40S row),
+(4-bit QLoRA, vLLM generating from the same 4-bit weights), and ``Preset``'s defaults are its settings; ``"16bit"`` is
+the same in 16-bit LoRA (the L40S row),
 ``"cpu-tiny"`` the same recipe shrunk for the tiny offline model on a CPU (only: on a GPU, Unsloth turns bf16
 autocast on for the float32 tiny model). Every argument Unsloth's GRPOConfig/SFTConfig would change when left unset
 is set here, and each config is checked after it is built (``configs``), so a run's settings are TRL's and ours, not
@@ -62,8 +61,10 @@ class Preset:
     vllm: bool = _part("model", True)  # fast_inference: generate on Unsloth's colocated vLLM, where vLLM imports
     vllm_share: float = _part("model", 0.5)  # of the memory the run may use, vLLM's: the recipe's
     # gpu_memory_utilization, taken of at most gpu_gb (vllm_sizing)
-    vllm_weights: str = _part("model", "auto")  # with vLLM, the weights it generates from and LoRA trains on: "fp8",
-    # "16bit", "4bit", or "auto", the fastest this card takes (vllm_sizing.choose_weights); without, load_in_4bit's
+    vllm_weights: str = _part("model", "4bit")  # with vLLM, the weights it generates from and LoRA trains on: "4bit",
+    # "16bit", "fp8", or "auto", the card's choice (vllm_sizing.choose_weights); without vLLM, load_in_4bit's. 4-bit:
+    # on the H200 held to 24 GB, fp8 generated the Qwen3-4B shape's step in 45.8 s against 4-bit's 18.2 s
+    # (docs/benchmarks.md), and 16-bit's rollouts there are still to be measured
     # FastLanguageModel.get_peft_model
     lora_r: int = _part("lora", 32)
     lora_alpha: int = _part("lora", 64)
@@ -123,7 +124,6 @@ class Preset:
 
 PRESETS = {preset.name: preset for preset in (
     Preset("24gb"),
-    Preset("24gb-4bit", vllm_weights="4bit"),  # the recipe's 4-bit vLLM on any card: what "24gb" was before fp8
     Preset("16bit", gpu_gb=48.0, gpu_need_gb=40.0, gpu_need_gb_without_vllm=25.0,  # the L40S; vLLM takes half
            load_in_4bit=False, vllm_weights="16bit", generation_parts_without_vllm=1),
     Preset("cpu-tiny", gpu_gb=None, gpu_need_gb=0.0, gpu_need_gb_without_vllm=0.0,

@@ -28,8 +28,8 @@ class GRPORun:
     run_dir: str = _parameter("runs/gridsim", "where models, checkpoints, logs and plots go; GRPO's in RUN_DIR/grpo")
     warm_start: str = _parameter("", "the SFT model, a folder or a Hub id; empty: RUN_DIR/sft/merged, which notebook "
                                      "02 writes")
-    preset: str = _parameter("24gb", "a name from presets.PRESETS: '24gb' (4-bit QLoRA; vLLM in fp8, "
-                                   "16-bit or 4-bit by the card), '24gb-4bit', '16bit' (LoRA), 'cpu-tiny'")
+    preset: str = _parameter("24gb", "a name from presets.PRESETS: '24gb' (4-bit QLoRA), '16bit' (LoRA), "
+                                   "'cpu-tiny'")
     sandbox: str = _parameter("auto", "where envs run: 'auto' (chosen for the bundle), 'process', 'modal', 'local' "
                                       "(Docker)")
     max_steps: int | None = _parameter(None, "the step to train to; unset (None): the preset's max_steps")

@@ -26,7 +26,7 @@ from tests.gpu.test_gpu_path import _cuda
 
 pytestmark = pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU: run it on a GPU machine (bench/gpu_session.sh)")
 
-CARD_GB = {"24gb": "24", "24gb-4bit": "24", "16bit": "48"}
+CARD_GB = {"24gb": "24", "16bit": "48"}
 
 
 def smollm2() -> str:
