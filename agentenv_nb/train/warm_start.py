@@ -13,7 +13,7 @@ from pathlib import Path
 from agentenv_nb.tasks.adapters import adapter_for
 from agentenv_nb.train import demos as demo_data
 from agentenv_nb.train import presets
-from agentenv_nb.train.rollout import Rollout, play
+from agentenv_nb.train.rollout import Rollout
 from agentenv_nb.train.user_demos import read_demonstrations
 
 EXPERT, DEMONSTRATIONS, SELF_DISTILLATION = "expert", "demonstrations", "self-distillation"
@@ -33,10 +33,11 @@ class WarmStart:
         """TRL's SFT set of the demonstrations. For self-distillation they are played first: each train task
         ``samples`` times at the preset's GRPO temperature, the top ``fraction`` of those scoring above 0 kept."""
         if self.source == SELF_DISTILLATION:
-            rows = [row for row in env.dataset for _ in range(samples)]
-            rollouts = play(model, tokenizer, env.factory, rows, temperature=presets.named(preset).temperature,
-                            **play_kwargs)
-            self.demonstrations = demo_data.top_fraction(rollouts, fraction)
+            rollouts, self.demonstrations = demo_data.best_rollouts(model, tokenizer, env, preset, fraction=fraction,
+                                                                    samples=samples, **play_kwargs)
+            if not self.demonstrations:
+                raise ValueError(f"none of the model's {len(rollouts)} rollouts of the train tasks scored above 0, so "
+                                 "it has nothing of its own to learn from: give DEMOS, a JSONL of demonstrations")
         return demo_data.sft_dataset(self.demonstrations)
 
 
