@@ -49,9 +49,20 @@ def tools(env) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["toolset", "tool"])
 
 
-def score_distribution(results: dict[str, list[dict]], bins: int = 10) -> Figure:
+def as_image(figure: Figure):
+    """``figure`` as a plain PNG output, which every viewer shows, whatever matplotlib backend the kernel has."""
+    import io
+
+    from IPython.display import Image
+
+    png = io.BytesIO()
+    figure.savefig(png, format="png", dpi=100)
+    return Image(data=png.getvalue(), format="png")
+
+
+def score_distribution(results: dict[str, list[dict]], bins: int = 10):
     """How the rollouts' rewards spread, one histogram a label (``{"before SFT": rollouts, ...}``), the unscored
-    left out and counted in the legend."""
+    left out and counted in the legend; a PNG image."""
     from matplotlib.figure import Figure
 
     ax = Figure(figsize=(8, 3), layout="constrained").subplots()
@@ -62,7 +73,7 @@ def score_distribution(results: dict[str, list[dict]], bins: int = 10) -> Figure
                 label=f"{label}: {len(rewards)} scored" + (f", {unscored} unscored" if unscored else ""))
     ax.set(xlabel="reward", ylabel="tasks", title="Reward by task")
     ax.legend(fontsize=8)
-    return ax.figure
+    return as_image(ax.figure)
 
 
 def baselines(bundle: str | Path, run_dir: str | Path) -> dict[str, float]:
@@ -99,7 +110,7 @@ def adapter_view(adapter: adapters.TaskAdapter | None, bundle: str | Path):
     if picture is not None:
         import matplotlib.pyplot as plt
 
-        display(picture.figure)
+        display(as_image(picture.figure))
         plt.close(picture.figure)  # shown once: not again by the inline backend at the cell's end
     if found:
         return pd.Series(found, name="mean score on the eval tasks").round(3).to_frame()

@@ -210,4 +210,4 @@ def _serve(args, serving, limit: int):
     from agentenv_nb import AgentEnv
 
     return AgentEnv.local(replace(serving, max_concurrent_envs=limit), split="train",
-                          processes=args.server_processes)
+                          processes=args.server_processes, reward=args.reward or None, toolsets=args.toolsets)
