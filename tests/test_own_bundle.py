@@ -27,7 +27,9 @@ def test_without_an_expert_or_demonstrations_the_warm_start_is_self_distillation
     from agentenv_nb.train import models, warm_start
 
     bundle, demos = write_desk(tmp_path)
-    with AgentEnv.local(bundle, split="train", sandbox="process", reward="min", toolsets="each") as env:
+    # 16 sessions: play keeps up to a batch of 8 environments a toolset, as TRL pools them
+    with AgentEnv.local(bundle, split="train", sandbox="process", max_concurrent_envs=16, reward="min",
+                        toolsets="each") as env:
         start = warm_start.choose(bundle, env)
         assert start.source == warm_start.SELF_DISTILLATION and not start.demonstrations
         assert "warm start from self-distillation: no task adapter with an expert" in capsys.readouterr().out

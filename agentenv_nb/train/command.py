@@ -56,6 +56,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrent-envs", type=_positive, help="sessions the env servers hold in all; default: "
                    "sized for every rank: the larger of a step's rollouts and an eval batch, every rank's")
     _option(p, "server_processes", type=_counting)  # rank 0's, for every rank
+    _option(p, "reward")  # a name or a step id: reaches the server processes as notebook 03's does
+    _option(p, "toolsets", choices=("first", "each"))
     p.add_argument("--env-url", action="append", metavar="URL", help="play envs served elsewhere (python -m "
                    "agentenv_nb.serve on an env host) instead of serving here; repeat for several servers")
     _option(p, "report_to", choices=REPORT_TO)
