@@ -20,7 +20,8 @@ ENTRY_POINTS = "agentenv_nb.task_adapters"
 
 class TaskAdapter:
     """The extras of one kind of bundle. ``recognises`` is required; each other method returns None where the
-    bundle has no such thing, as the base class's do, so an adapter implements only what it has."""
+    bundle has no such thing, as the base class's do, so a subclass implements only what it has (GridSim's, which
+    has all, implements each without subclassing)."""
 
     name = "task adapter"
 

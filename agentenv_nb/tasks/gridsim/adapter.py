@@ -1,18 +1,17 @@
-"""GridSim's task adapter (``tasks.adapters``): the day's exact optimum as the expert, the idle, greedy and optimum
-baselines, a day's prices, and the recipe page's table of trainers on gridsim-v1."""
+"""GridSim's task adapter (the interface ``tasks.adapters.TaskAdapter`` describes, which lists this one first): the
+day's exact optimum as the expert, the idle, greedy and optimum baselines, a day's prices, and the recipe page's table
+of trainers on gridsim-v1."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from agentenv_nb.tasks.adapters import TaskAdapter
-
 from .generate import ENV_NAME, read_days
 from .report import REFERENCE, baseline_scores, plot_day
 
 
-class GridSimAdapter(TaskAdapter):
+class GridSimAdapter:
     """A GridSim bundle: one the kit generates, or gridsim-v1 from the Hub (an env named gridsim, a day a task)."""
 
     name = "GridSim"
