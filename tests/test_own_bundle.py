@@ -18,6 +18,7 @@ def test_the_page_writes_a_bundle_with_two_toolsets_and_two_verifiers(tmp_path):
     assert set(tasks["verifiers"]) == {"answer, follow_up"}
     assert views.splits(bundle)["tasks"].to_dict() == {"train": 6, "eval": 2, "all": 8}
     assert adapter_for(bundle) is None  # GridSim's adapter doesn't claim it
+    assert bundles.toolset_count(bundle, "each") == 2 and bundles.toolset_count(bundle, "first") == 1
     assert len(demos.read_text().splitlines()) == 6
 
 

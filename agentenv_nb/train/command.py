@@ -168,16 +168,18 @@ def _train(args, model_name: str, serving, config, state) -> None:
     from agentenv_nb.train.fit import fit
     from agentenv_nb.train.progress import ConsoleLivePlot
     from agentenv_nb.train.ranks import close_for_ranks, envs_for_ranks
+    from agentenv_nb.tasks.bundles import toolset_count
     from agentenv_nb.train.sessions import capacity_problem, sessions_needed
 
-    limit = args.max_concurrent_envs or (None if args.env_url else sessions_needed(config))
+    toolsets = toolset_count(serving.folder, args.toolsets) if serving else 1  # a pool of environments each
+    limit = args.max_concurrent_envs or (None if args.env_url else sessions_needed(config, toolsets))
     if limit is None:
         print(f"the env servers' session limit wasn't given, so it isn't checked: {state.num_processes} rank(s) open "
-              f"up to {sessions_needed(config)} sessions at once (--max-concurrent-envs to check)")
-    elif problem := capacity_problem(config, limit):
+              f"up to {sessions_needed(config, toolsets)} sessions at once (--max-concurrent-envs to check)")
+    elif problem := capacity_problem(config, limit, toolsets):
         raise UsageError(problem)
     else:
-        print(f"{state.num_processes} process(es) open up to {sessions_needed(config)} env sessions at "
+        print(f"{state.num_processes} process(es) open up to {sessions_needed(config, toolsets)} env sessions at "
               f"once; the env servers hold {limit}")
     try:
         env = envs_for_ranks(state, lambda: _serve(args, serving, limit), urls=args.env_url)
