@@ -67,10 +67,12 @@ def _parser() -> _Parser:
     parser.add_argument("--max-concurrent-envs", type=_setting("max_concurrent_envs"),
                         help="sessions served at once: one per rollout in flight, train and eval (default "
                         "AGENTENV_NB_MAX_CONCURRENT_ENVS, else 8)")
-    parser.add_argument("--reward", help="the step id whose score is the reward, for tasks that record several")
+    parser.add_argument("--reward", help="for tasks that record several scores: the step id whose score is the "
+                        "reward, or 'mean', 'min' or 'max' of the scores")
     parser.add_argument("--bundle-dir", default="bundles", help="where a bundle bundles.txt lists is fetched to")
     parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)  # envs.processes: a socket it bound for us
     parser.add_argument("--resolved", help=argparse.SUPPRESS)  # envs.processes: the bundle it resolved
+    parser.add_argument("--reward-file", help=argparse.SUPPRESS)  # envs.processes: the reward, in its private folder
     return parser
 
 
@@ -100,7 +102,13 @@ def main(argv: list[str] | None = None) -> None:
                     resolve(args.bundle, args.sandbox, args.max_concurrent_envs, args.bundle_dir))
         from agentenv_nb.envs.app import build
 
-        app = build(resolved, reward=args.reward, token=token)
+        reward = args.reward
+        if args.reward_file:
+            from agentenv_nb.envs.rewards import unpickled
+
+            with open(args.reward_file, "rb") as pickled:
+                reward = unpickled(pickled.read())
+        app = build(resolved, reward=reward, token=token)
     except (UnknownBundle, OSError, ValueError, SandboxError, RuntimeError) as e:
         # OSError: a bundle the Hub couldn't give, a work dir another user could change; ValueError: an env a
         # process can't run, a bundle agent_env refuses; RuntimeError: an env that didn't start

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from agentenv_nb.notebook.curves import (QWEN3_4B_GRIDSIM_REFERENCE, eval_curve, eval_table, find_trainer_state,
-                                         plot_eval_curve, save_eval_curve)
+from agentenv_nb.notebook.curves import eval_curve, eval_table, find_trainer_state, plot_eval_curve, save_eval_curve
+from agentenv_nb.tasks.gridsim.adapter import GridSimAdapter
 from agentenv_nb.notebook.live import ConsoleLivePlot, LivePlot, NotebookLivePlot, format_row, live_plot
 from nbclient import NotebookClient
 # transformers after agentenv_nb.notebook.live, which hides a broken torchvision wheel that would break these imports
@@ -176,8 +176,9 @@ def test_eval_curve_falls_back_to_per_env_rewards_and_reference_is_the_seed_tabl
     df = eval_curve(tmp_path)
     assert df["eval_reward"].tolist() == [0.3] and df["step"].tolist() == [13]
     assert eval_curve([{**TRAIN_12, "step": 1}]).empty
-    assert QWEN3_4B_GRIDSIM_REFERENCE["NeMo RL"] == {0: 0.55, 20: 0.68, 40: 0.67}
-    assert [table[40] for table in QWEN3_4B_GRIDSIM_REFERENCE.values()] == [0.59, 0.61, 0.61, 0.60, 0.57, 0.67]
+    trained, reference = GridSimAdapter().reference()
+    assert trained == "Qwen3-4B, gridsim-v1" and reference["NeMo RL"] == {0: 0.55, 20: 0.68, 40: 0.67}
+    assert [table[40] for table in reference.values()] == [0.59, 0.61, 0.61, 0.60, 0.57, 0.67]
 
 
 def test_the_table_and_the_curve_leave_out_what_only_repeats_the_reward():
@@ -186,11 +187,14 @@ def test_the_table_and_the_curve_leave_out_what_only_repeats_the_reward():
     table = eval_table(df)
     assert list(table) == ["step", "eval_reward", "eval_scores/g/other/mean"]
     assert table["eval_reward"].tolist() == [0.301, 0.0]
-    ax = plot_eval_curve(df).axes[0]
+    reference = GridSimAdapter().reference()
+    ax = plot_eval_curve(df, reference=reference).axes[0]
     labels = ax.get_legend_handles_labels()[1]
     assert "eval_scores/g/other/mean" in labels and "eval_scores/g/schedule/mean" not in labels
     assert ax.get_legend().get_title().get_text() == "reference runs: 40 steps, cut at this run's step 4"
-    assert plot_eval_curve(df.assign(step=[0, 40])).axes[0].get_legend().get_title().get_text() == ""
+    assert "TRL (Qwen3-4B, gridsim-v1)" in labels
+    assert plot_eval_curve(df.assign(step=[0, 40]), reference=reference).axes[0].get_legend().get_title().get_text() == ""
+    assert plot_eval_curve(df).axes[0].get_legend().get_title().get_text() == ""  # no reference: no runs to cut
 
 
 def doubler_trainer(out, callbacks=(), resume=False):

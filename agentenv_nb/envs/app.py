@@ -7,19 +7,17 @@ filters a server needs, for any way of serving it (a thread, server processes, t
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 from agentenv_nb import settings
 from agentenv_nb.envs import tls
 from agentenv_nb.envs.guard import Guard
 from agentenv_nb.envs.resolve import Resolved
-
-Reward = str | Callable[[dict[str, float]], float] | None  # a step id, or a function of the scores by step id
+from agentenv_nb.envs.rewards import Reward, rule
 
 
 def build(resolved: Resolved, *, reward: Reward = None, token: str | None = None):
     """The bundle's OpenEnv app, every task as the split ``all`` plus one split per eval, requiring ``token`` when
-    given and closing sessions idle for AGENTENV_NB_IDLE_TIMEOUT (``guard.Guard``)."""
+    given and closing sessions idle for AGENTENV_NB_IDLE_TIMEOUT (``guard.Guard``). ``reward``: see ``rewards``."""
     from agent_env.a2a_agent import conversation_store
     from agent_env.openenv import build_app
 
@@ -33,7 +31,7 @@ def build(resolved: Resolved, *, reward: Reward = None, token: str | None = None
     # cancelled 0 tasks, and the proxy logs the poll's ClientDisconnect as an error with a traceback. Nothing failed.
     logging.getLogger("uvicorn.error").addFilter(_not_an_idle_shutdown)
     logging.getLogger("agentenv_protocol.a2a_agent.framework").addFilter(_not_a_client_disconnect)
-    app = build_app(resolved.folder, reward=reward, sandbox=resolved.sandbox,
+    app = build_app(resolved.folder, reward=rule(reward), sandbox=resolved.sandbox,
                     max_concurrent_envs=resolved.max_concurrent_envs)
     return Guard(app, token, settings.get("idle_timeout"))
 

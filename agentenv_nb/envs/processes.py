@@ -21,7 +21,9 @@ from pathlib import Path
 import httpx
 
 from agentenv_nb import settings
+from agentenv_nb.envs import rewards
 from agentenv_nb.envs.resolve import Resolved, resolve
+from agentenv_nb.envs.rewards import Reward
 from agentenv_nb.envs.serving import new_token
 from agentenv_nb.lifecycle import close_at_exit
 
@@ -31,7 +33,7 @@ class ServerProcesses:
     together (``max_concurrent_envs``), and ``close()`` (also at exit). A server process also stops when this
     process dies (its stdin closes)."""
 
-    def __init__(self, resolved: Resolved, processes: int, host: str, reward: str | None, token: str,
+    def __init__(self, resolved: Resolved, processes: int, host: str, reward: Reward, token: str,
                  start_timeout: float, shutdown_timeout: float, env: dict[str, str] | None = None):
         from agentenv_nb.envs.workdir import owned_prefix, work_dir
 
@@ -39,7 +41,10 @@ class ServerProcesses:
         self.max_concurrent_envs = resolved.max_concurrent_envs * processes
         self.logs = Path(tempfile.mkdtemp(prefix=owned_prefix("servers"), dir=work_dir()))  # private, swept if left
         close_at_exit(self.close)
-        options = ["--resolved", resolved.to_json(), *(["--reward", reward] if reward else [])]
+        options = ["--resolved", resolved.to_json()]
+        if reward is not None:  # pickled into the private folder: a name, a step id or a combinator alike
+            (self.logs / "reward.pickle").write_bytes(rewards.pickled(reward))
+            options += ["--reward-file", str(self.logs / "reward.pickle")]
         env = {**(os.environ if env is None else env), settings.SETTINGS["token"].variable: token}
         try:
             for i in range(processes):
@@ -100,16 +105,14 @@ class ServerProcesses:
 
 
 def serve_in_processes(bundle: str | Path | Resolved, processes: int, host: str = "127.0.0.1",
-                       sandbox: str | None = None, max_concurrent_envs: int | None = None, reward: str | None = None,
+                       sandbox: str | None = None, max_concurrent_envs: int | None = None, reward: Reward = None,
                        token: str | None = None, start_timeout: float = 120.0, shutdown_timeout: float = 30.0,
                        env: dict[str, str] | None = None, bundle_dir: str | Path = "bundles") -> ServerProcesses:
     """Serve ``bundle`` (resolved here first, see ``resolve``) from ``processes`` subprocesses,
     ``max_concurrent_envs`` sessions among them (each takes its share, rounded up); returns once each answers
-    ``/health``. ``reward`` must be a step id here: a function can't cross to another process. ``env``: the servers'
-    environment variables, if not this process's."""
-    if callable(reward):
-        raise ValueError("reward= is a function, which can't reach a server process: pass the step id whose score "
-                         "is the reward, or serve on a thread (processes=0)")
+    ``/health``. ``reward`` (``envs.rewards``) must pickle to reach them: a name, a step id, ``Weighted``, a function
+    at a module's top level. ``env``: the servers' environment variables, if not this process's."""
+    rewards.pickled(reward)  # a reward no server process could read is refused before any starts
     resolved = resolve(bundle, sandbox, max_concurrent_envs, bundle_dir)
     resolved = replace(resolved, max_concurrent_envs=-(-resolved.max_concurrent_envs // processes))
     return ServerProcesses(resolved, processes, host, reward, settings.get("token", token) or new_token(),

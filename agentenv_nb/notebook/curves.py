@@ -6,13 +6,12 @@ on a finished run, a checkpoint, or a live ``trainer.state.log_history``.
 Usage::
 
     from agentenv_nb.notebook.curves import eval_curve, plot_eval_curve, save_eval_curve
-    from agentenv_nb.tasks.gridsim import baseline_scores
 
     df = eval_curve("out")                   # output dir, checkpoint dir, trainer_state.json or log_history
     eval_table(df)                           # rounded, without the columns that repeat eval_reward
-    baselines = baseline_scores(eval_days)   # {"idle": ..., "greedy": ..., "optimum": ...}
+    baselines = {"before training": 0.12}     # notebook.views.baselines: an adapter's, else this
     plot_eval_curve(df, baselines=baselines)
-    png, csv = save_eval_curve(df, "out", baselines=baselines)
+    png, csv = save_eval_curve(df, "out", baselines=baselines, reference=("Qwen3-4B, my-bundle", {"TRL": {0: 0.5}}))
 """
 
 from __future__ import annotations
@@ -26,19 +25,6 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
-
-QWEN3_4B_GRIDSIM_REFERENCE: dict[str, dict[int, float]] = {
-    "Unsloth": {0: 0.55, 20: 0.52, 40: 0.59},
-    "TRL": {0: 0.57, 20: 0.56, 40: 0.61},
-    "SkyRL": {0: 0.54, 20: 0.55, 40: 0.61},
-    "verl": {0: 0.52, 20: 0.59, 40: 0.60},
-    "prime-rl": {0: 0.56, 20: 0.58, 40: 0.57},
-    "NeMo RL": {0: 0.55, 20: 0.68, 40: 0.67},
-}
-"""Eval reward by GRPO step, one run per trainer: the recipe page's (https://www.agentenvframework.com/docs/training/unsloth)
-table "Qwen3-4B, eval reward on the 200 eval days". Measured on the real
-gridsim-v1 bundle with Qwen3-4B after an SFT warm start (about ±0.06 between runs), so it is a reference
-for what a real run looks like, not a target for the tiny model."""
 
 _EVAL_METRIC = re.compile(r"^eval_(reward|(scores|rewards)/.+/mean)$")
 
@@ -84,19 +70,21 @@ def eval_table(df: pd.DataFrame, decimals: int = 3) -> pd.DataFrame:
 
 
 def plot_eval_curve(df: pd.DataFrame, baselines: dict[str, float] | None = None,
-                    reference: dict[str, dict[int, float]] | None = QWEN3_4B_GRIDSIM_REFERENCE,
+                    reference: tuple[str, dict[str, dict[int, float]]] | None = None,
                     ax: Axes | None = None, title: str = "Eval reward by step") -> Figure:
     """Plot ``df``'s eval reward (and ``eval_scores/<id>/mean``) by step, with each baseline a horizontal line and
-    each trainer of ``reference`` a faint dashed line; ``reference=None`` leaves the table out.
+    each run of ``reference`` (what they trained on, and each run's eval reward by step, as a task adapter's
+    ``reference()`` gives them) a faint dashed line.
 
-    Pass baselines as ``agentenv_nb.tasks.gridsim.baseline_scores(days)`` gives them, e.g. on gridsim-v1's eval
-    days ``{"idle": 0.2, "greedy": 0.76, "optimum": 1.0}``.
+    Baselines are what ``notebook.views.baselines`` gives: a task adapter's, e.g. GridSim's ``{"idle": 0.2,
+    "greedy": 0.76, "optimum": 1.0}``, else the eval reward before training.
     """
+    trained, reference = reference or ("", {})
     if ax is None:
         ax = Figure(figsize=(10, 4.5), layout="constrained").subplots()
-    for name, by_step in (reference or {}).items():
+    for name, by_step in reference.items():
         ax.plot(list(by_step), list(by_step.values()), linestyle="--", marker=".", alpha=0.35,
-                label=f"{name} (Qwen3-4B, gridsim-v1)")
+                label=f"{name} ({trained})")
     for name, value in (baselines or {}).items():
         ax.axhline(value, color="grey", linewidth=1, linestyle=":")
         ax.annotate(f"{name} {value:.2f}", (1, value), xycoords=("axes fraction", "data"), ha="right",

@@ -4,6 +4,7 @@ offline, and describe its tasks as a table.
     from agentenv_nb.tasks import bundles
     path = bundles.get_bundle("gridsim-tiny")      # or "gridsim-v1" from the Hub
     bundles.describe(path)                          # a pandas DataFrame, a row a task
+    bundles.toolset_count(path, "each")             # at most how many toolsets its tasks offer
 """
 
 from __future__ import annotations
@@ -128,3 +129,12 @@ def describe(bundle: str | Path) -> pd.DataFrame:
                      "loads": of("load_artifact", "artifact_id"),
                      "verifiers": ", ".join(str(s.get("verifier_id")) for s in steps if "verifier" in s.get("type", ""))})
     return pd.DataFrame(rows)
+
+
+def toolset_count(bundle: str | Path, toolsets: str = "first") -> int:
+    """How many environment classes an ``AgentEnv`` of ``bundle`` makes, at most, before it is served: 1 with
+    ``toolsets="first"``; with ``"each"``, the distinct sets of envs its tasks deploy (tasks deploying the same envs
+    offer the same tools). The env servers are sized from it: TRL keeps a pool of environments per class."""
+    if toolsets != "each":
+        return 1
+    return max(1, describe(bundle)["envs"].nunique())

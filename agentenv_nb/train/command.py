@@ -56,6 +56,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrent-envs", type=_positive, help="sessions the env servers hold in all; default: "
                    "sized for every rank: the larger of a step's rollouts and an eval batch, every rank's")
     _option(p, "server_processes", type=_counting)  # rank 0's, for every rank
+    _option(p, "reward")  # a name or a step id: reaches the server processes as notebook 03's does
+    _option(p, "toolsets", choices=("first", "each"))
     p.add_argument("--env-url", action="append", metavar="URL", help="play envs served elsewhere (python -m "
                    "agentenv_nb.serve on an env host) instead of serving here; repeat for several servers")
     _option(p, "report_to", choices=REPORT_TO)
@@ -166,16 +168,18 @@ def _train(args, model_name: str, serving, config, state) -> None:
     from agentenv_nb.train.fit import fit
     from agentenv_nb.train.progress import ConsoleLivePlot
     from agentenv_nb.train.ranks import close_for_ranks, envs_for_ranks
+    from agentenv_nb.tasks.bundles import toolset_count
     from agentenv_nb.train.sessions import capacity_problem, sessions_needed
 
-    limit = args.max_concurrent_envs or (None if args.env_url else sessions_needed(config))
+    toolsets = toolset_count(serving.folder, args.toolsets) if serving else 1  # a pool of environments each
+    limit = args.max_concurrent_envs or (None if args.env_url else sessions_needed(config, toolsets))
     if limit is None:
         print(f"the env servers' session limit wasn't given, so it isn't checked: {state.num_processes} rank(s) open "
-              f"up to {sessions_needed(config)} sessions at once (--max-concurrent-envs to check)")
-    elif problem := capacity_problem(config, limit):
+              f"up to {sessions_needed(config, toolsets)} sessions at once (--max-concurrent-envs to check)")
+    elif problem := capacity_problem(config, limit, toolsets):
         raise UsageError(problem)
     else:
-        print(f"{state.num_processes} process(es) open up to {sessions_needed(config)} env sessions at "
+        print(f"{state.num_processes} process(es) open up to {sessions_needed(config, toolsets)} env sessions at "
               f"once; the env servers hold {limit}")
     try:
         env = envs_for_ranks(state, lambda: _serve(args, serving, limit), urls=args.env_url)
@@ -210,4 +214,4 @@ def _serve(args, serving, limit: int):
     from agentenv_nb import AgentEnv
 
     return AgentEnv.local(replace(serving, max_concurrent_envs=limit), split="train",
-                          processes=args.server_processes)
+                          processes=args.server_processes, reward=args.reward or None, toolsets=args.toolsets)

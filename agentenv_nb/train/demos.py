@@ -97,6 +97,17 @@ def sft_dataset(rollouts: Iterable[Rollout]):
     return Dataset.from_list(rows)
 
 
+def best_rollouts(model, tokenizer, env, preset: presets.Preset | str, *, fraction: float = 0.5, samples: int = 2,
+                  temperature: float | None = None, **play_kwargs) -> tuple[list[Rollout], list[Rollout]]:
+    """Play each train task ``samples`` times (at ``preset``'s GRPO temperature unless given); the rollouts, and the
+    top ``fraction`` of those that scored above 0 (``top_fraction``)."""
+    if temperature is None:
+        temperature = presets.named(preset).temperature
+    rows = [row for row in env.dataset for _ in range(samples)]
+    rollouts = play(model, tokenizer, env.factory, rows, temperature=temperature, **play_kwargs)
+    return rollouts, top_fraction(rollouts, fraction)
+
+
 def self_distill_round(model, tokenizer, env, preset: presets.Preset | str, output_dir: str, *, fraction: float = 0.5,
                        samples: int = 2, temperature: float | None = None, max_steps: int | None = None,
                        callbacks: list | None = None, **play_kwargs) -> tuple[list[Rollout], list[Rollout]]:
@@ -107,11 +118,8 @@ def self_distill_round(model, tokenizer, env, preset: presets.Preset | str, outp
 
     from agentenv_nb.train.fit import fit
 
-    if temperature is None:
-        temperature = presets.named(preset).temperature
-    rows = [row for row in env.dataset for _ in range(samples)]
-    rollouts = play(model, tokenizer, env.factory, rows, temperature=temperature, **play_kwargs)
-    kept = top_fraction(rollouts, fraction)
+    rollouts, kept = best_rollouts(model, tokenizer, env, preset, fraction=fraction, samples=samples,
+                                   temperature=temperature, **play_kwargs)
     fit(SFTTrainer(model=model, processing_class=tokenizer, train_dataset=sft_dataset(kept), callbacks=callbacks,
                    args=presets.sft_config(preset, output_dir=output_dir, max_steps=max_steps)))
     return rollouts, kept

@@ -35,13 +35,17 @@ class GRPORun:
     max_steps: int | None = _parameter(None, "the step to train to; unset (None): the preset's max_steps")
     save_steps: int = _parameter(5, "a checkpoint every few steps, to resume from (0: none)")
     server_processes: int = _parameter(8, "env servers beside the trainer, off its GIL; 0: a thread of this process")
+    reward: str = _parameter("", "for tasks that record several scores: 'mean', 'min', 'max' of them, or a score's "
+                                 "step id; empty: the task's one score")
+    toolsets: str = _parameter("first", "'each' for a bundle whose tasks differ in tools (a class a toolset, each row "
+                                        "routed to its own); 'first': the first task's tools are every task's")
     report_to: str = _parameter("none", "also log to 'tensorboard', 'trackio' or 'wandb': reward and every score, by "
                                         "step")
     gguf: str = _parameter("q8_0", "the GGUF export's quantization, where llama.cpp is built; '' for none")
-    push_to_hub: str = _parameter("", "a Hub repo (you/qwen3-4b-gridsim) for the trained model, private; needs "
+    push_to_hub: str = _parameter("", "a Hub repo (you/my-agent) for the trained model, private; needs "
                                       "HF_TOKEN")
-    try_day: int = _parameter(0, "the eval day notebook 03's \"Try it\" plays", notebook_only=True)
-    try_prompt: str = _parameter("", "your own words for that day, in place of the task's prompt", notebook_only=True)
+    try_day: int = _parameter(0, "the eval task notebook 03's \"Try it\" plays, by its index", notebook_only=True)
+    try_prompt: str = _parameter("", "your own words for that task, in place of its prompt", notebook_only=True)
 
     def parameters(self) -> dict:
         """The parameters under the notebook's names: {"BUNDLE": ..., "MAX_STEPS": ...}."""

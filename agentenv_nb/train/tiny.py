@@ -1,16 +1,18 @@
 """Random Qwen3-format models built offline: a tiny one for CPU runs, a Qwen3-4B-shaped one for GPU benchmarks.
 
 The tiny model lets the whole notebook sequence (SFT warm start, GRPO, eval) run on a CPU in minutes
-without the Hugging Face Hub: a byte-level BPE tokenizer trained on a small corpus (tool-call JSON
-included, plus whatever texts the caller passes), TRL's Qwen3 chat template (so TRL parses its tool
-calls), and a randomly initialised ``Qwen3ForCausalLM``. The 4B-shaped model measures time and memory
-honestly where no weights can be downloaded; it can't measure reward.
+without the Hugging Face Hub: a byte-level BPE tokenizer trained on a small corpus (tool-call markup
+included, plus whatever texts the caller passes), TRL's chat template of its family (so TRL parses its tool
+calls), and a randomly initialised model: ``Qwen3ForCausalLM``, or with ``family="qwen3.5"`` a
+``Qwen3_5ForCausalLM`` (linear and full attention layers, TRL's Qwen3.5 template: ``<function=...>`` tool calls).
+The 4B-shaped model measures time and memory honestly where no weights can be downloaded; it can't measure reward.
 
 Usage::
 
     from agentenv_nb.train.tiny import build_tiny_model, build_random_qwen3_4b
 
     path = build_tiny_model("models/tiny-qwen3", corpus_texts=[system_prompt, tools_json])
+    path = build_tiny_model("models/tiny-qwen3.5", family="qwen3.5")   # Qwen3.5's layers and tool-call format
     model, tokenizer = FastLanguageModel.from_pretrained(path, max_seq_length=2048)
     build_random_qwen3_4b("models/qwen3-4b-random", device="cuda")   # on the GPU machine
 """
@@ -31,6 +33,19 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 """Qwen3's added, non-special tokens: kept when decoding, so TRL's parser sees the tool-call tags."""
 QWEN3_VOCAB_SIZE = 151936
+FAMILIES = ("qwen3", "qwen3.5")
+"""The tiny model's families: Qwen3 (JSON tool calls) and Qwen3.5 (XML ``<function=...>`` tool calls)."""
+
+
+def chat_template(family: str = "qwen3") -> str:
+    """TRL's chat template of ``family``, the exact string TRL recognises to parse its tool calls (thinking off for
+    Qwen3.5, as TRL's ``qwen3_5_nothink`` template has it)."""
+    from trl import chat_template_utils
+
+    if family not in FAMILIES:
+        raise ValueError(f"no tiny model of family {family!r}; pick one of {', '.join(FAMILIES)}")
+    return chat_template_utils.qwen3_chat_template if family == "qwen3" else \
+        chat_template_utils.qwen3_5_nothink_chat_template
 
 _SAMPLE_TOOLS = [
     {"type": "function", "function": {
@@ -50,11 +65,11 @@ _SAMPLE_TOOLS = [
 ]
 
 
-def default_corpus() -> list[str]:
-    """Generic tool-calling chats rendered with TRL's Qwen3 template, so BPE merges cover its markup and JSON."""
+def default_corpus(family: str = "qwen3") -> list[str]:
+    """Generic tool-calling chats rendered with ``family``'s template, so BPE merges cover its markup and JSON."""
     from transformers.utils.chat_template_utils import render_jinja_template
-    from trl.chat_template_utils import qwen3_chat_template
 
+    template = chat_template(family)
     chats = []
     for i in range(200):
         a, b, city = i * 7 % 101, i * 13 % 97, ["Paris", "Austin", "Tokyo", "Lagos"][i % 4]
@@ -67,33 +82,34 @@ def default_corpus() -> list[str]:
                 "name": name, "arguments": args}}]},
             {"role": "tool", "name": name, "content": json.dumps({"result": a + b, "hour": i % 24})},
             {"role": "assistant", "content": f"It is {a + b}, and {i % 40} degrees."}])
-    rendered, _ = render_jinja_template(chats[:20], tools=_SAMPLE_TOOLS, chat_template=qwen3_chat_template)
-    plain, _ = render_jinja_template(chats[20:], chat_template=qwen3_chat_template)
+    rendered, _ = render_jinja_template(chats[:20], tools=_SAMPLE_TOOLS, chat_template=template)
+    plain, _ = render_jinja_template(chats[20:], chat_template=template)
     return [*rendered, *plain]
 
 
-def build_tokenizer(corpus_texts: Iterable[str] = (), vocab_size: int = 2048, pad_to: int | None = None):
-    """Train a byte-level BPE on the default corpus plus ``corpus_texts``; wrap it as a Qwen3 chat tokenizer.
+def build_tokenizer(corpus_texts: Iterable[str] = (), vocab_size: int = 2048, pad_to: int | None = None,
+                    family: str = "qwen3"):
+    """Train a byte-level BPE on the default corpus plus ``corpus_texts``; wrap it as a chat tokenizer of
+    ``family``.
 
     ``pad_to`` fills the vocabulary with unreachable byte strings up to that size, so every id a
     larger random model can sample still decodes to text.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
-    from trl.chat_template_utils import qwen3_chat_template
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    bpe.train_from_iterator([*default_corpus(), *corpus_texts], trainer=trainer)
+    bpe.train_from_iterator([*default_corpus(family), *corpus_texts], trainer=trainer)
     if pad_to is not None:
         bpe = _pad_vocab(bpe, pad_to - len(MARKUP_TOKENS))
     bpe.add_tokens(MARKUP_TOKENS)  # after the padding, so they take the last ids, as in Qwen3's vocabulary
     return PreTrainedTokenizerFast(
         tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        chat_template=qwen3_chat_template, model_max_length=40960, padding_side="left")
+        chat_template=chat_template(family), model_max_length=40960, padding_side="left")
 
 
 def _pad_vocab(bpe, size: int):
@@ -129,6 +145,21 @@ def tiny_config(tokenizer, hidden_size: int = 64, num_hidden_layers: int = 2):
         **_token_ids(tokenizer))
 
 
+def tiny_qwen3_5_config(tokenizer, hidden_size: int = 64, num_hidden_layers: int = 2):
+    """A Qwen3.5 text config as small as ``tiny_config``'s, its layers alternating linear (gated delta) and full
+    attention as Qwen3.5's do, sized to ``tokenizer``."""
+    from transformers import Qwen3_5TextConfig
+
+    heads = hidden_size // 16
+    return Qwen3_5TextConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_hidden_layers, num_attention_heads=heads, num_key_value_heads=heads // 2,
+        head_dim=16, linear_num_key_heads=heads // 2, linear_num_value_heads=heads, linear_key_head_dim=16,
+        linear_value_head_dim=16, max_position_embeddings=8192, tie_word_embeddings=True,
+        layer_types=[("linear_attention", "full_attention")[i % 2] for i in range(num_hidden_layers)],
+        **_token_ids(tokenizer))
+
+
 def qwen3_4b_config():
     """Qwen3-4B's published shape: 36 layers, hidden 2560, 32 heads (8 KV) of 128, vocab 151936."""
     from transformers import Qwen3Config
@@ -148,12 +179,17 @@ def _token_ids(tokenizer) -> dict:
 
 
 def build_tiny_model(path: str | os.PathLike, corpus_texts: Iterable[str] = (), seed: int = 0,
-                     vocab_size: int = 2048, hidden_size: int = 64, num_hidden_layers: int = 2) -> str:
-    """Save a tokenizer and a random tiny Qwen3ForCausalLM at ``path``; reuse the folder if it exists."""
-    def make():
-        tokenizer = build_tokenizer(corpus_texts, vocab_size=vocab_size)
-        return tiny_config(tokenizer, hidden_size, num_hidden_layers), tokenizer
+                     vocab_size: int = 2048, hidden_size: int = 64, num_hidden_layers: int = 2,
+                     family: str = "qwen3") -> str:
+    """Save a tokenizer and a random tiny model of ``family`` (``FAMILIES``) at ``path``; reuse the folder if it
+    exists."""
+    configure = tiny_config if family == "qwen3" else tiny_qwen3_5_config
 
+    def make():
+        tokenizer = build_tokenizer(corpus_texts, vocab_size=vocab_size, family=family)
+        return configure(tokenizer, hidden_size, num_hidden_layers), tokenizer
+
+    chat_template(family)  # an unknown family is refused before anything is built
     return _build(path, make, seed=seed, dtype="float32")
 
 
@@ -179,7 +215,7 @@ def _build(path, make, seed: int, dtype: str, device: str | None = None) -> str:
         return str(path)
     hide_broken_torchvision()  # before transformers' model classes
     import torch
-    from transformers import GenerationConfig, Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
@@ -188,7 +224,7 @@ def _build(path, make, seed: int, dtype: str, device: str | None = None) -> str:
         config, tokenizer = make()
         torch.manual_seed(seed)
         with torch.device(device or "cpu"):
-            model = Qwen3ForCausalLM._from_config(config, dtype=getattr(torch, dtype))
+            model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
         model.generation_config = GenerationConfig(
             eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id], pad_token_id=tokenizer.pad_token_id)
         model.save_pretrained(staging)

@@ -1,0 +1,62 @@
+"""Where notebook 02's warm start learns from, picked for the bundle: its expert where a task adapter has one, else the
+demonstrations a user gives (a JSONL, ``train.user_demos``), else the model's own best rollouts (self-distillation).
+
+    start = choose(bundle, env, demos="my-demos.jsonl")   # says which, and why
+    train_set = start.sft_dataset(model, tokenizer, env, "cpu-tiny")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agentenv_nb.tasks.adapters import adapter_for
+from agentenv_nb.train import demos as demo_data
+from agentenv_nb.train import presets
+from agentenv_nb.train.rollout import Rollout
+from agentenv_nb.train.user_demos import read_demonstrations
+
+EXPERT, DEMONSTRATIONS, SELF_DISTILLATION = "expert", "demonstrations", "self-distillation"
+
+
+@dataclass
+class WarmStart:
+    """What the warm start learns from (``source``), why that (``why``), and the conversations it learns from:
+    known at once for an expert or a file, the model's own rollouts for self-distillation (``sft_dataset``)."""
+
+    source: str
+    why: str
+    demonstrations: list[Rollout] = field(default_factory=list)
+
+    def sft_dataset(self, model, tokenizer, env, preset: presets.Preset | str, *, samples: int = 2,
+                    fraction: float = 0.5, **play_kwargs):
+        """TRL's SFT set of the demonstrations. For self-distillation they are played first: each train task
+        ``samples`` times at the preset's GRPO temperature, the top ``fraction`` of those scoring above 0 kept."""
+        if self.source == SELF_DISTILLATION:
+            rollouts, self.demonstrations = demo_data.best_rollouts(model, tokenizer, env, preset, fraction=fraction,
+                                                                    samples=samples, **play_kwargs)
+            if not self.demonstrations:
+                raise ValueError(f"none of the model's {len(rollouts)} rollouts of the train tasks scored above 0, so "
+                                 "it has nothing of its own to learn from: give DEMOS, a JSONL of demonstrations")
+        return demo_data.sft_dataset(self.demonstrations)
+
+
+def choose(bundle: str | Path, env, demos: str | Path = "") -> WarmStart:
+    """The warm start ``bundle`` allows, said in one printed line: the task adapter's expert, played on ``env``'s
+    train tasks and kept where the verifier scored 1; else ``demos``, checked against ``env``'s tools; else
+    self-distillation."""
+    adapter = adapter_for(bundle)
+    expert = adapter.expert(env, list(env.dataset)) if adapter else None
+    if expert is not None:
+        kept = [d for d in expert if d["reward"] == 1.0]
+        start = WarmStart(EXPERT, f"{adapter.name}'s task adapter has an expert: {len(kept)} of its {len(expert)} "
+                                  "episodes scored 1.0", kept)
+    elif demos:
+        given = read_demonstrations(demos, env.factories)
+        start = WarmStart(DEMONSTRATIONS, f"{len(given)} demonstrations from {Path(demos).name}, each fitting the "
+                                          "bundle's tools", given)
+    else:
+        start = WarmStart(SELF_DISTILLATION, "no task adapter with an expert knows this bundle and no DEMOS file "
+                                             "was given: the model learns from its own best rollouts")
+    print(f"warm start from {start.source}: {start.why}")
+    return start
