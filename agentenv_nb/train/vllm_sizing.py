@@ -10,18 +10,19 @@ card a preset is made for, and turned back into a share of the card.
     hold_to_budget()   # with AGENTENV_NB_GPU_MEMORY_GB=24 on a larger card: the whole run as on a 24 GB one
     choice, why = choose_weights((9, 0), vllm_bytes=12e9, weights_16bit_bytes=8.0e9)   # "fp8", and a line saying why
 
-The precision, fastest first (https://docs.unsloth.ai/, "FP8 Reinforcement Learning"; a GRPO step of the Qwen3-4B
-shape is mostly vLLM's generate, and 4-bit's is bitsandbytes dequantizing every weight at each token,
-docs/benchmarks.md): fp8 where Unsloth quantizes to it (``load_in_fp8=True``: vLLM's online per-channel fp8, the
-training model's frozen base the same fp8 weights, LoRA in 16-bit), 16-bit where those weights take at most half of
-vLLM's memory (the rest is the KV cache of a step's rollouts), else 4-bit.
+The precision (``Preset.vllm_weights``): the presets name 4-bit, the recipe's, measured end to end here; "auto" picks
+by the card as Unsloth's docs rank them (https://docs.unsloth.ai/, "FP8 Reinforcement Learning"): fp8 where Unsloth
+quantizes to it (``load_in_fp8=True``: vLLM's online per-channel fp8, the training model's frozen base the same fp8
+weights, LoRA in 16-bit), 16-bit where those weights take at most half of vLLM's memory (the rest is the KV cache of a
+step's rollouts), else 4-bit. On the H200 held to 24 GB, fp8 generated the Qwen3-4B shape's step 2.5x slower than
+4-bit (docs/benchmarks.md), so "auto" is a choice a user names, not a preset's.
 """
 
 from __future__ import annotations
 
 from agentenv_nb import settings
 
-WEIGHTS = ("fp8", "16bit", "4bit")  # fastest first
+WEIGHTS = ("fp8", "16bit", "4bit")  # in the order "auto" tries them
 # Unsloth 2026.10.9 quantizes to fp8 on the fly from compute capability 9.0 (Hopper, Blackwell): it refuses Ada
 # (8.9: the L4, RTX 40), whose cards have fp8 too (loader_utils._get_fp8_mode_and_check_settings; tests/test_presets.py
 # fails when that changes)
