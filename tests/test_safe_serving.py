@@ -29,6 +29,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from agentenv_nb import settings
 from agentenv_nb.client import AgentEnv
 from agentenv_nb.client.session import Session
+from agentenv_nb.envs.dockerfile import ImageError
 from agentenv_nb.envs.serving import serve_in_thread
 from agentenv_nb.envs.workdir import WorkDirError
 from agentenv_nb.tasks import gridsim
@@ -249,13 +250,22 @@ def test_agentenv_local_honours_the_session_setting_and_refuses_bad_ones_before_
     assert not untouched.exists()  # refused before any env process or server started
 
 
-def test_an_env_that_cannot_start_fails_the_start_naming_it(tmp_path):
-    bundle = _bundle(tmp_path / "gridsim")
+def _broken(root: Path) -> Path:
+    """A GridSim bundle whose env raises as it is imported."""
+    bundle = _bundle(root)
     server = bundle / "envs" / "gridsim" / "server.py"
     server.write_text("raise RuntimeError('a broken import')\n" + server.read_text())
+    return bundle
+
+
+def test_an_env_that_cannot_start_fails_the_start_naming_it(tmp_path):
     with pytest.raises(RuntimeError, match="(?s)env 'gridsim' .* can't start as a local process.*a broken import"):
-        AgentEnv.local(bundle)
-    failed = subprocess.run([*SERVE, str(bundle)], capture_output=True, text=True, timeout=300)
+        AgentEnv.local(_broken(tmp_path / "gridsim"))
+
+
+@pytest.mark.slow  # the serve command in a fresh interpreter
+def test_the_serve_command_says_an_env_cannot_start_in_one_line(tmp_path):
+    failed = subprocess.run([*SERVE, str(_broken(tmp_path / "gridsim"))], capture_output=True, text=True, timeout=300)
     assert failed.returncode == 2 and "a broken import" in failed.stderr and "Traceback" not in failed.stderr.split(
         "error:")[0], failed.stderr
     assert failed.stderr.strip().count("\n") == 0
@@ -275,12 +285,29 @@ def test_a_dead_env_process_says_which_env_died_and_how(tmp_path):
             play.submit_schedule(schedule=[0] * 24)
 
 
-def test_pip_install_takes_only_pinned_names(tmp_path):
-    for requirement in ("agentenv-nb-no-such-package>=1", "agentenv-nb-x @ file:///tmp/x.whl"):
-        bundle = _bundle(tmp_path / requirement.split()[0].replace(">", "").replace("=", ""))
-        (bundle / "envs" / "gridsim" / "requirements.txt").write_text(requirement + "\n")
-        failed = subprocess.run([*SERVE, str(bundle)], capture_output=True, text=True, timeout=300,
-                                env={**os.environ, "AGENTENV_NB_PIP_INSTALL": "1"})
+UNPINNED = ("agentenv-nb-no-such-package>=1", "agentenv-nb-x @ file:///tmp/x.whl")
+
+
+def _requiring(root: Path, requirement: str) -> Path:
+    bundle = _bundle(root / requirement.split()[0].replace(">", "").replace("=", ""))
+    (bundle / "envs" / "gridsim" / "requirements.txt").write_text(requirement + "\n")
+    return bundle
+
+
+def test_pip_install_takes_only_pinned_names(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTENV_NB_PIP_INSTALL", "1")
+    for requirement in UNPINNED:
+        with pytest.raises(ImageError, match="installs only requirements pinned by name and version") as refused:
+            AgentEnv.local(_requiring(tmp_path, requirement))
+        assert requirement.split()[0] in str(refused.value)
+    assert not list((tmp_path / "work").iterdir())  # refused before any env process started, nothing left
+
+
+@pytest.mark.slow  # the serve command in fresh interpreters
+def test_the_serve_command_refuses_an_unpinned_install_in_one_line(tmp_path):
+    for requirement in UNPINNED:
+        failed = subprocess.run([*SERVE, str(_requiring(tmp_path, requirement))], capture_output=True, text=True,
+                                timeout=300, env={**os.environ, "AGENTENV_NB_PIP_INSTALL": "1"})
         assert failed.returncode == 2 and "installs only requirements pinned by name and version" in failed.stderr
         assert requirement.split()[0] in failed.stderr and failed.stderr.strip().count("\n") == 0
 
