@@ -3,11 +3,16 @@ env), the tiny model, TRL's GRPOTrainer on CPU, and a free loopback port."""
 
 import json
 import logging
+import os
 import socket
 
 import pytest
 
 from agentenv_nb.stack import import_unsloth
+
+# This process's environment before any test imported Unsloth, which sets variables for the process it runs in
+# (HF_HUB_ENABLE_HF_TRANSFER, which huggingface_hub then warns about on stderr): what a user's own servers start with
+STARTED_WITH = dict(os.environ)
 
 
 def free_port() -> int:

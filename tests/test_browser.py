@@ -7,6 +7,7 @@ a machine's path. Screenshots of each notebook are left in the test's temporary 
 without a browser (``.ci/run``)."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from .conftest import free_port, stderr_lines
+from .conftest import STARTED_WITH, free_port, stderr_lines
 from .desk import check_desk_run, desk_parameters, write_desk
 
 from agentenv_nb.notebook.params import TINY, use_tiny_defaults
@@ -58,6 +59,8 @@ def lab(tmp_path_factory, request):
         (settings / f"@jupyterlab/{name}.jupyterlab-settings").parent.mkdir(parents=True, exist_ok=True)
         (settings / f"@jupyterlab/{name}.jupyterlab-settings").write_text(json.dumps(value))
     with pytest.MonkeyPatch.context() as env:
+        for name in set(os.environ) - set(STARTED_WITH):  # what earlier tests' imports set, as Unsloth's
+            env.delenv(name)
         # the tiny defaults for this lab alone: each variable they set is recorded first (set, then deleted), so the
         # context puts it back as it was, and a run of its own, even beside nbval's in one pytest call
         for name in [*(PREFIX + name for name in (*TINY, *chosen, "RUN_DIR", "BUNDLES_DIR")), "XDG_STATE_HOME"]:
