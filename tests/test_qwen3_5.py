@@ -6,34 +6,12 @@ import random
 
 import pytest
 
+from .test_tiny_trl import Adder, _question  # the same one-tool task, in Qwen3.5's format here
+
 from agentenv_nb.stack import import_unsloth
 from agentenv_nb.train import presets
 
 pytestmark = pytest.mark.slow
-
-
-class Adder:
-    """One tool that adds two integers; the reward is 1 for the task's sum, less the further off."""
-
-    def reset(self, **row):
-        self.target, self.answer = row["a"] + row["b"], None
-
-    def add(self, a: int, b: int) -> str:
-        """Add two integers.
-
-        Args:
-            a: The first integer.
-            b: The second integer.
-        """
-        self.answer = a + b
-        return str(a + b)
-
-    def get_reward(self) -> float:
-        return 0.0 if self.answer is None else 1.0 - min(abs(self.answer - self.target), 18) / 18
-
-
-def _question(a: int, b: int) -> list[dict]:
-    return [{"role": "user", "content": f"What is {a} plus {b}?"}]
 
 
 def test_a_qwen3_5_model_calls_tools_trl_parses_and_trains_a_grpo_step(tmp_path):
