@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -159,7 +160,7 @@ def install(site: Path, manifest: dict) -> None:
     whole.unlink()
     shutil.rmtree(target, ignore_errors=True)
     with ProcessPoolExecutor() as pool:  # the machine's cores, where pip --target took 139 s on one
-        list(pool.map(unpack, sorted(wheels.iterdir()), [target] * len(manifest["wheels"])))
+        list(pool.map(unpack, sorted(wheels.iterdir()), itertools.repeat(target)))
     shutil.rmtree(wheels)
     # Compiled as pip compiles what it installs, so a source's SyntaxWarning (torchao's) is pip's to hide, not the
     # first import's to print
