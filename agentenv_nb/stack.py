@@ -19,6 +19,7 @@ import functools
 import importlib
 import importlib.util
 import logging
+import os
 import sys
 import warnings
 from types import ModuleType
@@ -60,6 +61,9 @@ def import_unsloth() -> ModuleType:
     """
     if "unsloth" not in sys.modules and "trl" in sys.modules:
         warnings.warn("trl was imported before unsloth; call import_unsloth() before anything imports trl")
+    # vLLM logs to stdout by default, where its dozens of INFO lines a load would fill a notebook's cell; on stderr
+    # they go to the library log with the other libraries' output (``library_log``)
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     reason = hide_broken_torchvision()
     if reason:
         print(f"agentenv_nb: {reason}")

@@ -5,11 +5,15 @@
 #   setsid bash bench/gpu_session.sh DEADLINE_EPOCH_S > /var/tmp/gpu-run.log 2>&1 < /dev/null &
 #   bash bench/gpu_session.sh --collect OUT     # later: the logs and summaries into OUT, as one archive
 #
-# At once, each on the one GPU held as its own card would be:
-# - bench/expert_replay.py, notebook 02's replay of 2,000 expert episodes on the host's cores; once it is done,
-#   tests/gpu/test_notebooks.py for each of GPU_PRESETS ("24gb" held to 24 GB, "16bit" to 48 GB) on one generated
-#   bundle, each in its own folder: the notebooks top to bottom with SmolLM2-135M-Instruct;
-# - bench/gpu_grpo.py on the random Qwen3-4B shape, held to 24 GB: the variants GPU_VARIANTS names (all but trl).
+# Each on the one GPU held as its own card would be:
+# - tests/gpu/test_notebooks.py for each of GPU_PRESETS ("24gb" held to 24 GB, "16bit" to 48 GB) at once, on one
+#   generated bundle, each in its own folder: the notebooks top to bottom with SmolLM2-135M-Instruct;
+# - beside them, once "24gb"'s warm start is saved: the training command from it with GRPO's learning rate at each of
+#   GPU_LR_PROBE (e.g. "1e-4 2e-4"; empty: none), each in its own folder, for the eval curve against the preset's;
+# - beside them, tests/gpu/test_async_grpo.py on the random Qwen3-4B shape (GPU_ASYNC_TEST=0: not run);
+# - with GPU_EXPERT_REPLAY=1, first, bench/expert_replay.py: notebook 02's replay of 2,000 expert episodes;
+# - once the notebooks are done, on the idle card: bench/gpu_grpo.py on the Qwen3-4B shape held to 24 GB, the variants
+#   GPU_VARIANTS names, in order, as long as the deadline allows (GPU_VARIANTS= : none).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-/var/tmp/gpu-run}
@@ -41,22 +45,42 @@ notebooks() {  # notebooks PRESET: the four notebooks on PRESET, logged to WORK/
     > "$WORK/$1.log" 2>&1
   say "notebooks $1: exit $?"
 }
-grpo() {  # the Qwen3-4B shape: every variant in one run
+lr_probe() {  # GRPO from the "24gb" notebooks' warm start at each learning rate of GPU_LR_PROBE
+  local warm=$WORK/24gb/run/sft/merged
+  until [[ -f $WORK/24gb/02_sft_warm_start.ipynb ]] || (($(left) < 400)); do sleep 10; done  # notebook 02 done
+  [[ -f $warm/config.json ]] || { say "lr probe: no warm start"; return; }
+  for lr in $GPU_LR_PROBE; do
+    AGENTENV_NB_GPU_MEMORY_GB=24 AGENTENV_NB_LIBRARY_LOG=$WORK/lr-$lr.library.log timeout -k 10 "$(left)" \
+      python3 -m agentenv_nb.train --bundle "$WORK/gridsim-gpu" --warm-start "$warm" --run-dir "$WORK/lr-$lr" \
+      --preset 24gb --sandbox process --server-processes 4 --gguf '' --set learning_rate="$lr" > "$WORK/lr-$lr.log" 2>&1 &
+  done
+  wait
+  say "lr probe: done"
+}
+async_test() {
   python3 -c "import sys; from agentenv_nb.train.tiny import build_random_qwen3_4b as b; b(sys.argv[1], device='cuda')" \
     "$WORK/q4b" > "$WORK/q4b.log" 2>&1 &&
-    OUT=$WORK timeout -k 10 $(($(left) - 30)) python3 bench/gpu_grpo.py --model "$WORK/q4b" \
-      --variants "${GPU_VARIANTS:-bare,kit,kit-fp8,kit-16bit,kit-async}" --budget-s "${GPU_VARIANT_BUDGET_S:-90}" > "$WORK/grpo.log" 2>&1
-  say "grpo: exit $?"
+    AGENTENV_NB_GPU_MODEL=$WORK/q4b timeout -k 10 "$(left)" python3 -m pytest tests/gpu/test_async_grpo.py -o addopts= \
+      -q -p no:cacheprovider > "$WORK/async_test.log" 2>&1
+  say "async test: exit $?"
 }
-say "the Qwen3-4B comparison; the expert's 2,000 episodes, then the notebooks"
-grpo & compare=$!
-timeout -k 10 300 python3 bench/expert_replay.py --episodes 2000 --server-processes 8 --lanes 32 \
-  > "$WORK/expert_replay.json" 2> "$WORK/expert_replay.log"
-say "expert replay: exit $? $(cat "$WORK/expert_replay.json")"
+if [[ ${GPU_EXPERT_REPLAY:-0} == 1 ]]; then
+  timeout -k 10 300 python3 bench/expert_replay.py --episodes 2000 --server-processes 8 --lanes 32 \
+    > "$WORK/expert_replay.json" 2> "$WORK/expert_replay.log"
+  say "expert replay: exit $? $(cat "$WORK/expert_replay.json")"
+fi
 runs=()
 for preset in ${GPU_PRESETS:-24gb 16bit}; do
   notebooks "$preset" & runs+=($!)
-  sleep 30  # each kernel's model and vLLM loaded apart
+  sleep 20  # each kernel's model loaded apart
 done
-wait $compare "${runs[@]}"
-say done
+[[ -n ${GPU_LR_PROBE:-} ]] && { lr_probe & }
+[[ ${GPU_ASYNC_TEST:-1} == 1 ]] && { async_test & }
+wait "${runs[@]}"
+say "notebooks done"
+wait  # the lr probe and the async test, which would share the card
+[[ -n ${GPU_VARIANTS-bare,kit,kit-16bit} ]] || { say done; exit; }
+[[ -f $WORK/q4b/config.json ]] || python3 -c "import sys; from agentenv_nb.train.tiny import build_random_qwen3_4b as b; b(sys.argv[1], device='cuda')" "$WORK/q4b" > "$WORK/q4b.log" 2>&1
+OUT=$WORK timeout -k 10 $(($(left) - 20)) python3 bench/gpu_grpo.py --model "$WORK/q4b" \
+  --variants "${GPU_VARIANTS:-bare,kit,kit-16bit}" --budget-s "${GPU_VARIANT_BUDGET_S:-60}" > "$WORK/grpo.log" 2>&1
+say "grpo: exit $?; done"

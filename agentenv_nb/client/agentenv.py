@@ -108,16 +108,17 @@ class AgentEnv:
         """The split's tasks, a row a task (see ``dataset_for``)."""
         return self.dataset_for(self.split)
 
-    def dataset_for(self, split: str):
-        """A ``datasets.Dataset`` of ``split``'s tasks: ``prompt`` (the task's system prompt and prompt as chat
-        messages), ``split``, ``index``, ``task_id``, and ``environment``, the factory TRL routes the row to."""
+    def dataset_for(self, split: str, first: int | None = None):
+        """A ``datasets.Dataset`` of ``split``'s tasks (its ``first`` ones, when given): ``prompt`` (the task's system
+        prompt and prompt as chat messages), ``split``, ``index``, ``task_id``, and ``environment``, the factory TRL
+        routes the row to."""
         from datasets import Dataset
 
         return Dataset.from_list([{
             "prompt": ([{"role": "system", "content": task["system_prompt"]}] if task.get("system_prompt") else [])
             + [{"role": "user", "content": task["prompt"]}],
             "split": split, "index": task["index"], "task_id": task["id"], "environment": self._environment_of(task),
-        } for task in self.tasks(split)])
+        } for task in self.tasks(split)[:first]])
 
     @property
     def factory(self) -> type[Environment] | dict[str, type[Environment]]:

@@ -45,17 +45,18 @@ def _overrides(defaults: dict[str, Any], kind: Callable[[str], type]) -> dict[st
 
 
 TINY_RUN = GRPORun(bundle="gridsim-tiny", preset="cpu-tiny", sandbox="process", save_steps=2,
-                   server_processes=0)
+                   server_processes=0, eval_days=8, max_new_tokens=160)
 """Notebook 03's tiny run: the tiny bundle and model on CPU, the preset's 4 steps, the envs on a thread."""
-TINY = {**{name: str(value) for name, value in TINY_RUN.changed().items()}, "MODEL": "tiny", "EVAL_DAYS": "8",
-        "MAX_NEW_TOKENS": "160", "DISTILL_ROUNDS": "1", "DISTILL_STEPS": "20"}
+TINY = {**{name: str(value) for name, value in TINY_RUN.changed().items()}, "MODEL": "tiny",
+        "DISTILL_ROUNDS": "1", "DISTILL_STEPS": "20"}
 
 
 def use_tiny_defaults(run_dir: str | os.PathLike) -> None:
     """Point every notebook at the tiny bundle and model on CPU, writing under ``run_dir``, unless the
     environment already says otherwise: what CI and the README's demo run."""
     run_dir = os.fspath(run_dir)
-    for name, value in {**TINY, "RUN_DIR": run_dir, "BUNDLES_DIR": os.path.join(run_dir, "bundles")}.items():
+    for name, value in {**TINY, "RUN_DIR": run_dir, "BUNDLES_DIR": os.path.join(run_dir, "bundles"),
+                        "LIBRARY_LOG": os.path.join(run_dir, "agentenv_nb.log")}.items():
         os.environ.setdefault(PREFIX + name, value)
     # The env framework's store of episodes (agent_env's SQLite under $XDG_STATE_HOME/agent-env) kept with the run, as
     # on a fresh machine: the machine's own store holds every episode ever played here, and lookups slow as it grows.

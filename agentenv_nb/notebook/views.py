@@ -5,6 +5,7 @@ tools each toolset offers, the lines a reward is read against, and how a model's
     views.tools(env)                             # a row a tool of each toolset: its arguments and description
     views.score_distribution({"before SFT": rollouts})
     views.baselines(bundle, run_dir)             # an adapter's baselines, else the eval reward before training
+    views.greedy_evals(run_dir, {"after SFT": summary(rollouts)})   # a run's greedy evals, a column a stage
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-SFT_EVALS = "sft-evals.csv"  # notebook 02's eval reward before and after the warm start, in RUN_DIR
-BEFORE = "before SFT"
+GREEDY_EVALS = "greedy-evals.csv"  # in RUN_DIR: the greedy eval before and after SFT (notebook 02), after GRPO (03)
+STAGES = ("before SFT", "after SFT", "after GRPO")  # the greedy evals' columns, in a run's order
+BEFORE = STAGES[0]
 
 
 def splits(bundle: str | Path) -> pd.DataFrame:
@@ -78,18 +80,29 @@ def score_distribution(results: dict[str, list[dict]], bins: int = 10):
 
 def baselines(bundle: str | Path, run_dir: str | Path) -> dict[str, float]:
     """The lines a run's reward is read against: the task adapter's baselines where the bundle has them, else the
-    eval reward before training that notebook 02 measured (RUN_DIR/sft-evals.csv), else none."""
+    eval reward before training that notebook 02 measured (RUN_DIR/greedy-evals.csv), else none."""
     adapter = adapters.adapter_for(bundle)
     found = adapter.baselines(Path(bundle)) if adapter else None
     if found:
         return found
-    evals = Path(run_dir) / SFT_EVALS
-    if not evals.is_file():
-        return {}
+    table = greedy_evals(run_dir)
+    return {"before training": float(table.loc["reward", BEFORE])} if BEFORE in table else {}
+
+
+def greedy_evals(run_dir: str | Path, new: dict[str, dict[str, float]] | None = None) -> pd.DataFrame:
+    """A run's eval rewards played greedily (``rollout.summary`` of each), a column a stage ("before SFT", "after
+    SFT", "after GRPO"), kept in RUN_DIR/greedy-evals.csv; ``new`` stages are saved there first, replacing any of the
+    same name, so a notebook run again records its latest."""
     import pandas as pd
 
-    table = pd.read_csv(evals, index_col=0)
-    return {"before training": float(table.loc["reward", BEFORE])} if BEFORE in table else {}
+    path = Path(run_dir) / GREEDY_EVALS
+    table = pd.read_csv(path, index_col=0) if path.is_file() else pd.DataFrame()
+    if new:
+        table = pd.concat([table.drop(columns=list(new), errors="ignore"), pd.DataFrame(new)], axis=1)
+        table = table[sorted(table, key=lambda stage: STAGES.index(stage) if stage in STAGES else len(STAGES))]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(path)
+    return table
 
 
 def reference(bundle: str | Path) -> tuple[str, dict[str, dict[int, float]]] | None:

@@ -17,6 +17,7 @@ import os
 import re
 from pathlib import Path
 
+from agentenv_nb.library_log import to_log
 from agentenv_nb.stack import import_unsloth
 from agentenv_nb.train import models, presets
 
@@ -85,7 +86,8 @@ def _gguf(model, tokenizer, folder: Path, quantization: str) -> str:
     """Unsloth's GGUF export, kept offline (``UNSLOTH_LLAMA_CPP_OFFLINE``): the llama.cpp found converts."""
     before, os.environ["UNSLOTH_LLAMA_CPP_OFFLINE"] = os.environ.get("UNSLOTH_LLAMA_CPP_OFFLINE"), "1"
     try:
-        model.save_pretrained_gguf(str(folder), tokenizer, quantization_method=quantization)
+        with to_log("exporting the GGUF"):
+            model.save_pretrained_gguf(str(folder), tokenizer, quantization_method=quantization)
     finally:
         if before is None:
             os.environ.pop("UNSLOTH_LLAMA_CPP_OFFLINE")
@@ -109,10 +111,7 @@ def reload(folder: str | Path, preset: str):
     """The exported model loaded as ``preset`` loads a model to play (4-bit on "24gb"), with no adapter and no vLLM
     engine beside the trainer's: returns (model, tokenizer)."""
     import_unsloth()
-    from transformers.utils import logging
     from unsloth import FastLanguageModel
 
-    logging.disable_progress_bar()  # its loading bar is a widget in a notebook, which a saved notebook can't show
-    model, tokenizer = FastLanguageModel.from_pretrained(**presets.model_kwargs(preset, str(folder),
-                                                                                fast_inference=False))
-    return model, tokenizer
+    with to_log("reloading the model"):
+        return FastLanguageModel.from_pretrained(**presets.model_kwargs(preset, str(folder), fast_inference=False))

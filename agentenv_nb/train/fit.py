@@ -17,6 +17,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from agentenv_nb.library_log import to_log
+
 _GIB = 2**30
 
 
@@ -75,7 +77,8 @@ def fit(trainer, resume_from_checkpoint: str | None = None, report_to: str | Non
             print(f"checkpoint {saved.global_step} is step {saved.global_step} of {last}: the run is finished, "
                   f"nothing to train; its weights are loaded (raise max_steps to train on, or pick a new output_dir "
                   f"to start over)")
-            load_checkpoint(trainer, checkpoint, saved.max_steps)
+            with to_log("loading the checkpoint"):
+                load_checkpoint(trainer, checkpoint, saved.max_steps)
             trainer.state = saved
             trainer.control = trainer.callback_handler.on_train_begin(args, saved, trainer.control)
             trainer.control = trainer.callback_handler.on_train_end(args, saved, trainer.control)
@@ -84,7 +87,8 @@ def fit(trainer, resume_from_checkpoint: str | None = None, report_to: str | Non
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    trainer.train(resume_from_checkpoint=checkpoint)
+    with to_log("training"):
+        trainer.train(resume_from_checkpoint=checkpoint)
     seconds = time.perf_counter() - start
     report["minutes"] = seconds / 60
     if torch.cuda.is_available():

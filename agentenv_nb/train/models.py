@@ -9,12 +9,12 @@ warm start as both a LoRA adapter and a merged 16-bit model for the next noteboo
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from collections.abc import Iterable
 from pathlib import Path
 
+from agentenv_nb.library_log import to_log
 from agentenv_nb.stack import import_unsloth
 from agentenv_nb.train import presets, vllm_sizing
 
@@ -25,21 +25,6 @@ def corpus(conversations: Iterable[dict]) -> list[str]:
     """Texts the tiny tokenizer learns its merges from: conversations (``messages`` and ``tools``, as rollouts
     and demonstrations hold them) written as JSON, numbers, tool calls and all."""
     return [json.dumps({"messages": c["messages"], "tools": c["tools"]}) for c in conversations]
-
-
-@contextlib.contextmanager
-def _without_progress_bars():
-    """transformers' own loading and saving bars off: in a notebook they are widgets, which a saved notebook reopens
-    as "Error displaying widget"; they take seconds. The Hub's download bars stay."""
-    from transformers.utils import logging
-
-    was_on = logging.is_progress_bar_enabled()
-    logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_on:
-            logging.enable_progress_bar()
 
 
 def load_model(name: str, preset: str, stage: str = "grpo", *, corpus: Iterable[str] = (),
@@ -54,7 +39,7 @@ def load_model(name: str, preset: str, stage: str = "grpo", *, corpus: Iterable[
     from unsloth import FastLanguageModel
 
     vllm_sizing.hold_to_budget()
-    with _without_progress_bars():
+    with to_log("loading the model"):
         if name == TINY:
             from agentenv_nb.train.tiny import build_tiny_model
 
@@ -70,8 +55,8 @@ def load_model(name: str, preset: str, stage: str = "grpo", *, corpus: Iterable[
         engine = {} if stage == "grpo" else {"fast_inference": False}
         model, tokenizer = FastLanguageModel.from_pretrained(**presets.model_kwargs(preset, name, **engine),
                                                              full_finetuning=full)
-    if not full:
-        model = FastLanguageModel.get_peft_model(model, **presets.peft_kwargs(preset))
+        if not full:
+            model = FastLanguageModel.get_peft_model(model, **presets.peft_kwargs(preset))
     use_chatml_template(tokenizer)
     notices = logging.getLogger("transformers.trainer_utils")
     level = notices.level
@@ -147,11 +132,11 @@ def save_warm_start(model, tokenizer, folder: str | Path) -> str:
     merged model's folder."""
     folder = Path(folder)
     if not hasattr(model, "peft_config"):
-        with _without_progress_bars():
+        with to_log("saving the model"):
             model.save_pretrained(folder / "merged")
             tokenizer.save_pretrained(folder / "merged")
         return str(folder / "merged")
-    with _without_progress_bars():
+    with to_log("saving the model"):
         model.save_pretrained(folder / "adapter")
         tokenizer.save_pretrained(folder / "adapter")
         model.save_pretrained_merged(str(folder / "merged"), tokenizer, save_method="merged_16bit")

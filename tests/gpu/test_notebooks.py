@@ -83,7 +83,8 @@ def test_the_four_notebooks_train_a_real_model(tmp_path):
         os.environ[PREFIX + "BUNDLE"] = str(write_bundle(out / "gridsim-gpu", train=train_days, eval=200,
                                                          overwrite=True))
     for name, value in {"MODEL": smollm2(), "RUN_DIR": str(run_dir), "SANDBOX": "process", "EVAL_DAYS": "200",
-                        "GPU_MEMORY_GB": CARD_GB.get(preset, ""), "DISTILL_ROUNDS": "0"}.items():
+                        "GPU_MEMORY_GB": CARD_GB.get(preset, ""), "DISTILL_ROUNDS": "0",
+                        "LIBRARY_LOG": str(out / "agentenv_nb.log")}.items():
         if value:
             os.environ.setdefault(PREFIX + name, value)
     os.environ.setdefault("XDG_STATE_HOME", str(out / "state"))
@@ -95,20 +96,22 @@ def test_the_four_notebooks_train_a_real_model(tmp_path):
         memory.stopped.set()
 
     noise = {path.stem: cell_noise(nbformat.read(path, as_version=4)) for path in sorted(out.glob("0*.ipynb"))}
-    sft = pd.read_csv(run_dir / "sft-evals.csv", index_col=0)
+    greedy = pd.read_csv(run_dir / "greedy-evals.csv", index_col=0)
     state = json.loads(sorted((run_dir / "grpo").glob("checkpoint-*/trainer_state.json"),
                               key=lambda p: int(p.parent.name.split("-")[1]))[-1].read_text())
     evals = {log["step"]: {k: log.get(k) for k in ("eval_reward", "eval_reward_std", "eval_tools/call_frequency")}
              for log in state["log_history"] if "eval_reward" in log}
     steps = [log["step_time"] for log in state["log_history"] if "step_time" in log]
     summary = {"preset": preset, "model": os.environ[PREFIX + "MODEL"], "notebook_seconds": seconds,
-               "sft": sft.to_dict(), "grpo_evals": evals, "grpo_step_time_median_s": statistics.median(steps)
+               "greedy_evals": greedy.to_dict(), "grpo_evals": evals, "grpo_step_time_median_s": statistics.median(steps)
                if steps else None, "peak_gpu_mib": memory.peak_mib, "card_peak_gpu_mib": memory.card_peak_mib, "noise": noise,
-               "eval_curve": (run_dir / "eval_curve.csv").exists()}
+               "eval_curve": (run_dir / "eval_curve.csv").exists(),
+               "library_log_lines": len(Path(os.environ[PREFIX + "LIBRARY_LOG"]).read_text().splitlines())}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
 
     assert not any(noise.values()), f"cells printed errors or stderr: {noise}"
-    assert sft.loc["tool_call_rate", "after SFT"] >= 0.5 and sft.loc["reward", "after SFT"] > 0
+    assert greedy.loc["tool_call_rate", "after SFT"] >= 0.5 and greedy.loc["reward", "after SFT"] > 0
+    assert greedy.loc["reward", "after GRPO"] >= greedy.loc["reward", "after SFT"] - greedy.loc["reward_std", "after SFT"]
     assert len(evals) >= 2, "GRPO logged fewer than two evals"
     assert summary["eval_curve"], "notebook 04 wrote no eval curve"

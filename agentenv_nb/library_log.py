@@ -1,0 +1,72 @@
+"""What the libraries write to stderr while the kit loads, trains and saves (Unsloth's banner, vLLM's CUDA-graph
+bars, transformers' notices) kept in one log file instead of a notebook's cells, where each would show as an error
+would; a line on stdout says how many lines went there, and a failure shows the last of them.
+
+    with to_log("training"):     # "agentenv_nb: the libraries wrote 12 lines while training, in agentenv_nb.log"
+        trainer.train()
+
+The file is ``AGENTENV_NB_LIBRARY_LOG`` (default ``agentenv_nb.log`` in the working folder), appended to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import time
+from pathlib import Path
+
+from agentenv_nb import settings
+
+SHOWN_ON_FAILURE = 20  # lines of the log a failure prints before its traceback
+
+
+def _stream_handlers() -> list[logging.StreamHandler]:
+    loggers = [logging.getLogger(), *(found for found in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(found, logging.Logger))]
+    # A handler whose stream is a property (logging's last resort) writes to whatever sys.stderr is at the time
+    return [handler for found in loggers for handler in found.handlers if isinstance(handler, logging.StreamHandler)
+            and not isinstance(getattr(type(handler), "stream", None), property)]
+
+
+def _written_since(path: Path, start: int) -> str:
+    return path.read_bytes()[start:].decode("utf-8", errors="replace")
+
+
+@contextlib.contextmanager
+def to_log(what: str):
+    """Send stderr, and every logging handler writing to it, to the library log while the block runs (``what``
+    names it in the log and the summary line); transformers' progress bars, widgets in a notebook, are off."""
+    from transformers.utils import logging as transformers_logging
+
+    path = Path(settings.get("library_log"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    bars_were_on = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    consoles = (sys.stderr, sys.__stderr__)
+    with path.open("a", encoding="utf-8") as log:
+        log.write(f"--- {what}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        log.flush()
+        start = log.tell()
+        moved = {handler: handler.stream for handler in _stream_handlers() if handler.stream in consoles}
+        for handler in moved:
+            handler.setStream(log)
+        try:
+            with contextlib.redirect_stderr(log):
+                yield
+        except Exception:
+            log.flush()
+            lines = _written_since(path, start).splitlines()[-SHOWN_ON_FAILURE:]
+            print(f"agentenv_nb: the libraries' last lines while {what}, from {path}:", *lines, sep="\n",
+                  file=sys.stderr)
+            raise
+        finally:
+            for handler in _stream_handlers():  # those made inside the block too (a library imported there)
+                if handler.stream is log:
+                    handler.setStream(moved.get(handler, sys.stderr))
+            if bars_were_on:
+                transformers_logging.enable_progress_bar()
+        log.flush()
+        written = _written_since(path, start).count("\n")
+    if written:
+        print(f"agentenv_nb: the libraries wrote {written} lines while {what}, in {path}")

@@ -1,0 +1,65 @@
+"""What the libraries write to stderr while the kit loads, trains and saves goes to the library log, not to a
+notebook's cells; stdout stays, a failure shows the log's last lines, and stderr is whole again afterwards. Each case
+runs in a fresh Python, as a notebook's kernel or the training command starts, with the real transformers and tqdm."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+LIBRARIES = """
+import logging, warnings
+from tqdm import tqdm
+from transformers.utils import logging as transformers_logging
+from agentenv_nb.library_log import to_log
+library = transformers_logging.get_logger("transformers.trainer")
+"""
+
+
+def run(tmp_path, body: str) -> subprocess.CompletedProcess:
+    log = tmp_path / "library.log"
+    return subprocess.run([sys.executable, "-c", LIBRARIES + textwrap.dedent(body)], capture_output=True, text=True,
+                          env={**os.environ, "AGENTENV_NB_LIBRARY_LOG": str(log)}, cwd=tmp_path, timeout=120)
+
+
+def test_library_output_goes_to_the_log_and_one_line_says_so_where(tmp_path):
+    shown = run(tmp_path, """
+        late = logging.getLogger("imported_inside")
+        with to_log("training"):
+            library.warning("a notice from transformers")
+            for _ in tqdm(range(3), desc="a progress bar"):
+                pass
+            warnings.warn("a Python warning")
+            late.addHandler(logging.StreamHandler())  # a library imported inside the block makes its handler there
+            late.warning("from a handler made inside")
+            print("the kit's own line")
+        library.warning("transformers after the block")
+        late.warning("the handler made inside, after the block")
+        with to_log("saving the model"):  # writes nothing: no line
+            assert not transformers_logging.is_progress_bar_enabled()  # widgets in a notebook, unsaved with it
+        assert transformers_logging.is_progress_bar_enabled()
+    """)
+    log = tmp_path / "library.log"
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines() == ["the kit's own line",
+                                         f"agentenv_nb: the libraries wrote 4 lines while training, in {log}"]
+    assert shown.stderr.splitlines() == ["[transformers] transformers after the block",
+                                         "the handler made inside, after the block"]
+    kept = log.read_text()
+    for line in ("--- training", "a notice from transformers", "a progress bar", "a Python warning",
+                 "from a handler made inside"):
+        assert line in kept
+    assert "after the block" not in kept
+
+
+def test_a_failure_shows_the_libraries_last_lines_and_still_raises(tmp_path):
+    shown = run(tmp_path, """
+        with to_log("loading the model"):
+            library.warning("what led up to it")
+            raise RuntimeError("out of memory")
+    """)
+    assert shown.returncode == 1
+    lines = shown.stderr.splitlines()
+    assert lines[:2] == [f"agentenv_nb: the libraries' last lines while loading the model, from "
+                         f"{tmp_path / 'library.log'}:", "[transformers] what led up to it"]
+    assert lines[-1] == "RuntimeError: out of memory"
