@@ -10,6 +10,8 @@
 #   tests/gpu/test_notebooks.py for each of GPU_PRESETS ("24gb" held to 24 GB, "16bit" to 48 GB) on one generated
 #   bundle, each in its own folder: the notebooks top to bottom with SmolLM2-135M-Instruct;
 # - bench/gpu_grpo.py on the random Qwen3-4B shape, held to 24 GB: the variants GPU_VARIANTS names (all but trl).
+# With GPU_SESSION=scale instead, on a machine of two GPUs: bench/gpu_scale.py, the training command on one GPU and
+# then on two under torchrun, each GPU held to 24 GB, the preset's vLLM on each rank (WORK/scale, WORK/scale.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-/var/tmp/gpu-run}
@@ -32,6 +34,19 @@ print({n: md.version(n) for n in ("torch", "vllm", "vllm-bnb-plugin", "unsloth",
                                   "triton", "nvidia-nccl-cu13", "nvidia-cudnn-cu13")})
 print(torch.cuda.get_device_name(), "cuDNN", torch.backends.cudnn.version())
 EOF
+q4b() {  # the random Qwen3-4B shape, built on the GPU
+  python3 -c "import sys; from agentenv_nb.train.tiny import build_random_qwen3_4b as b; b(sys.argv[1], device='cuda')" \
+    "$WORK/q4b" > "$WORK/q4b.log" 2>&1
+}
+if [[ ${GPU_SESSION:-} == scale ]]; then  # one GPU, then two, in one table; each launch stopped in its half of the time
+  q4b || { say "q4b: failed"; exit 1; }
+  for gpus in 1 2; do
+    OUT=$WORK timeout -k 30 $(($(left) - 30)) python3 bench/gpu_scale.py --model "$WORK/q4b" --gpus $gpus --steps 3 \
+      --work "$WORK/scale" --timeout-s $(( gpus == 1 ? ($(left) - 60) / 2 : $(left) - 60 )) >> "$WORK/scale.log" 2>&1
+    say "scale, $gpus GPU(s): exit $?"
+  done
+  exit
+fi
 python3 -m agentenv_nb.tasks.gridsim "$WORK/gridsim-gpu" --train "${GPU_TRAIN_DAYS:-200}" --eval 200 --overwrite
 
 notebooks() {  # notebooks PRESET: the four notebooks on PRESET, logged to WORK/PRESET.log
@@ -42,8 +57,7 @@ notebooks() {  # notebooks PRESET: the four notebooks on PRESET, logged to WORK/
   say "notebooks $1: exit $?"
 }
 grpo() {  # the Qwen3-4B shape: every variant in one run
-  python3 -c "import sys; from agentenv_nb.train.tiny import build_random_qwen3_4b as b; b(sys.argv[1], device='cuda')" \
-    "$WORK/q4b" > "$WORK/q4b.log" 2>&1 &&
+  q4b &&
     OUT=$WORK timeout -k 10 $(($(left) - 30)) python3 bench/gpu_grpo.py --model "$WORK/q4b" \
       --variants "${GPU_VARIANTS:-bare,kit,kit-fp8,kit-16bit,kit-async}" --budget-s "${GPU_VARIANT_BUDGET_S:-90}" > "$WORK/grpo.log" 2>&1
   say "grpo: exit $?"
