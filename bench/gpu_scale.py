@@ -44,22 +44,23 @@ def worker(argv: list[str]) -> int:
     import torch
     from gpu_grpo import DevicePeak
 
-    from agentenv_nb.train import command, launch as launched, presets, vllm_sizing
+    from agentenv_nb.train import command, presets, vllm_sizing
+    from agentenv_nb.train.launch import this_gpu
 
     args = command.parser().parse_args(argv)
     kwargs = presets.grpo_kwargs(args.preset, **dict(args.overrides))
     cuda = torch.cuda.is_available()
-    gpu = launched.this_gpu() if cuda else None
+    gpu = this_gpu() if cuda else None
     peak = DevicePeak(gpu) if cuda else None
     vllm = presets.fast_inference(args.preset)
     report = {"rank": int(os.environ.get("RANK", 0)), "world_size": int(os.environ.get("WORLD_SIZE", 1)), "gpu": gpu,
               "vllm": vllm, "rank_rollouts_per_step": kwargs["per_device_train_batch_size"] * kwargs[
                   "gradient_accumulation_steps"], "peak_reserved_gib": None, "peak_alloc_gib": None,
               "device_peak_gb": None}
-    if cuda and vllm:  # what models.load_model gives Unsloth's vLLM on this rank's GPU
+    if cuda and vllm:  # what models.load_model gives Unsloth's vLLM on this rank's GPU, of its card and cap
+        report["vllm_gpu_memory_utilization"] = presets.model_kwargs(args.preset, args.warm_start)[
+            "gpu_memory_utilization"]
         card, allowed = vllm_sizing.gpu_memory()
-        report["vllm_gpu_memory_utilization"] = vllm_sizing.gpu_memory_utilization(
-            presets.named(args.preset).vllm_share, card, allowed, presets.named(args.preset).gpu_gb * 1e9)
         report["card_gb"], report["allowed_gb"] = card / 1e9, allowed and allowed / 1e9
     written = Path(args.run_dir, f"rank{report['rank']}.json")
     written.parent.mkdir(parents=True, exist_ok=True)
