@@ -215,30 +215,34 @@ def train(trainer, timer: StepTimer) -> None:
 class DevicePeak:
     """The most GPU memory in use on the device (total less free, as nvidia-smi counts it: the whole process, vLLM,
     CUDA context and graphs included, and anything else on the GPU), and the most this process and its children use
-    (NVML's per-process count, where NVML sees their pids), sampled on a thread every 50 ms since the last ``reset``."""
+    (NVML's per-process count, where NVML sees their pids), sampled on a thread every 50 ms since the last ``reset``.
+    ``device``: the GPU's index (a rank's, ``launch.this_gpu``); None, the current device's. NVML counts GPUs in PCI
+    order: set CUDA_DEVICE_ORDER=PCI_BUS_ID where CUDA's order could differ."""
 
-    def __init__(self):
+    def __init__(self, device: int | None = None):
         self.peak, self.own_peak = 0, None
+        # here, not in the thread: a thread's current device is GPU 0, whatever this thread set
+        self.device = device if device is not None or not CUDA else torch.cuda.current_device()
         if CUDA:
             threading.Thread(target=self._sample, daemon=True).start()
 
     def _sample(self):
-        own = self._own_usage()
+        own = self._own_usage(self.device)
         while True:
-            free, total = torch.cuda.mem_get_info()
+            free, total = torch.cuda.mem_get_info(self.device)
             self.peak = max(self.peak, total - free)
             if (used := own()) is not None:
                 self.own_peak = max(self.own_peak or 0, used)
             time.sleep(0.05)
 
     @staticmethod
-    def _own_usage():
-        """A function giving the GPU memory NVML counts for this process and its children, or None."""
+    def _own_usage(device: int):
+        """A function giving the GPU memory NVML counts for this process and its children on ``device``, or None."""
         try:
             import psutil
             import pynvml
             pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+            handle = pynvml.nvmlDeviceGetHandleByIndex(device)
         except Exception:  # no NVML: the device's count stands alone
             return lambda: None
         me = psutil.Process()

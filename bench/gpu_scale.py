@@ -1,19 +1,24 @@
 """One GPU against two: notebook 03's run as ``python -m agentenv_nb.train``, launched by ``torchrun`` on 1 and then
-2 GPUs of one host, each GPU held to 24 GB (an L4's), the random Qwen3-4B-shaped model in 4-bit ("24gb").
+2 GPUs of one host, each GPU held to 24 GB (an L4's) by the kit (``AGENTENV_NB_GPU_MEMORY_GB``), the preset's
+generation on each rank: Unsloth's vLLM where the stack has it (requirements-gpu.txt's), else transformers' generate.
 
 Usage::
 
-    python3 bench/gpu_scale.py --model /tmp/q4b --gpus 1,2 --steps 3   # on the GPU machine (bench/gpu_stack.py installs the stack)
-    python3 bench/gpu_scale.py --model /tmp/q4b --gpus 1 && python3 bench/gpu_scale.py --model /tmp/q4b --gpus 2
-    python3 bench/gpu_scale.py --smoke                                 # CPU plumbing: tiny model, cpu-tiny, gloo
+    python3 bench/gpu_scale.py --model MODEL --gpus 1 && python3 bench/gpu_scale.py --model MODEL --gpus 2
+    python3 bench/gpu_scale.py --model MODEL --gpus 1,2 --steps 3   # both in one call, where its time allows
+    python3 bench/gpu_scale.py --smoke                               # CPU plumbing: tiny model, cpu-tiny, gloo ranks
 
-Each launch trains ``--steps`` steps of the preset (each rank: 32 rollouts a step, 1024 completion tokens, eval at
-the start, a checkpoint a step) on one GridSim bundle served by rank 0 for every rank (``--server-processes``
-processes), stopped after ``--timeout-s``. From each run's ``trainer_state.json`` (or its last checkpoint's): the
-median step time of the steps after the first (TRL's ``step_time``: generation, envs and the update), rollouts a
-second (every rank's rollouts of a step over it), and how many train and eval logs
-were written; each rank's peak GPU memory. Results accumulate in ``--work`` (kept between launches, so two calls
-on one warm machine make one table); prints markdown, writes ``$OUT/scale.json``.
+``MODEL``: a model folder, the random Qwen3-4B-shaped one (``train.tiny.build_random_qwen3_4b``), whose completions
+all run to the preset's 1024 tokens: generation at its heaviest. Each launch trains ``--steps`` steps of the preset
+(each rank: 32 rollouts a step, 1024 completion tokens, eval at the start, a checkpoint a step) on one GridSim bundle
+served by rank 0 for every rank (``--server-processes`` processes), stopped after ``--timeout-s``. From each run's
+``trainer_state.json`` (or its last checkpoint's): the median step time of the steps after the first (TRL's
+``step_time``: generation, envs and the update), rollouts a second (every rank's rollouts of a step over it), and
+which steps the train and eval logs were written at (once each: rank 0's); from each rank: whether it generated on
+vLLM, the share of its GPU vLLM was given, its peak memory (PyTorch's reserved, and the whole GPU's as nvidia-smi
+counts it, vLLM's engine included). Results accumulate in ``--work`` (kept between launches, so two calls on one warm
+machine make one table); prints markdown with the goals (2 GPUs >= 1.8x one's rollouts a second, each GPU within
+``--cap-gb``), writes ``$OUT/scale.json``.
 """
 
 import argparse
@@ -29,29 +34,41 @@ from pathlib import Path
 NVLINK_MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def worker(cap_gb: float | None, argv: list[str]) -> int:
-    """One rank under torchrun: this rank's GPU held to ``cap_gb``, the training command, then its peak memory."""
+def worker(argv: list[str]) -> int:
+    """One rank under torchrun: the training command, each GPU held to ``AGENTENV_NB_GPU_MEMORY_GB`` by the kit itself
+    (no device set here first: the kit must find this rank's GPU on its own), and what the rank used: generation on
+    vLLM or not, vLLM's share of its GPU, its peak memory (PyTorch's, and the whole GPU's, vLLM's engine included)."""
+    from agentenv_nb.stack import import_unsloth
+
+    import_unsloth()  # before gpu_grpo imports transformers, as the command would have it
     import torch
-    from gpu_grpo import cap_memory  # imports unsloth first
+    from gpu_grpo import DevicePeak
 
-    from agentenv_nb.train import command, presets
+    from agentenv_nb.train import command, presets, vllm_sizing
+    from agentenv_nb.train.launch import this_gpu
 
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        cap_memory(cap_gb)
     args = command.parser().parse_args(argv)
     kwargs = presets.grpo_kwargs(args.preset, **dict(args.overrides))
-    report = {"rank": int(os.environ.get("RANK", 0)), "world_size": int(os.environ.get("WORLD_SIZE", 1)),
-              "rank_rollouts_per_step": kwargs["per_device_train_batch_size"] * kwargs["gradient_accumulation_steps"],
-              "peak_reserved_gib": None, "peak_alloc_gib": None}
+    cuda = torch.cuda.is_available()
+    gpu = this_gpu() if cuda else None
+    peak = DevicePeak(gpu) if cuda else None
+    vllm = presets.fast_inference(args.preset)
+    report = {"rank": int(os.environ.get("RANK", 0)), "world_size": int(os.environ.get("WORLD_SIZE", 1)), "gpu": gpu,
+              "vllm": vllm, "rank_rollouts_per_step": kwargs["per_device_train_batch_size"] * kwargs[
+                  "gradient_accumulation_steps"], "peak_reserved_gib": None, "peak_alloc_gib": None,
+              "device_peak_gb": None}
+    if cuda and vllm:  # what models.load_model gives Unsloth's vLLM on this rank's GPU, of its card and cap
+        report["vllm_gpu_memory_utilization"] = presets.model_kwargs(args.preset, args.warm_start)[
+            "gpu_memory_utilization"]
+        card, allowed = vllm_sizing.gpu_memory()
+        report["card_gb"], report["allowed_gb"] = card / 1e9, allowed and allowed / 1e9
     written = Path(args.run_dir, f"rank{report['rank']}.json")
     written.parent.mkdir(parents=True, exist_ok=True)
     written.write_text(json.dumps(report))  # before training: a run stopped at its deadline still counts its steps
     code = command.main(argv)
     if cuda:
-        report.update(peak_reserved_gib=torch.cuda.max_memory_reserved() / 2**30,
-                      peak_alloc_gib=torch.cuda.max_memory_allocated() / 2**30)
+        report.update(peak_reserved_gib=torch.cuda.max_memory_reserved(gpu) / 2**30,
+                      peak_alloc_gib=torch.cuda.max_memory_allocated(gpu) / 2**30, device_peak_gb=peak.peak / 1e9)
     written.write_text(json.dumps(report))
     return code
 
@@ -60,14 +77,16 @@ def launch(gpus: int, args, bundle: Path) -> dict:
     """``torchrun --nproc_per_node gpus -m agentenv_nb.train`` (through ``worker``) on a run folder of its own."""
     run_dir = Path(args.work) / f"run-{gpus}gpu"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(gpus), __file__,
-               "--worker", *(["--cap-gb", str(args.cap_gb)] if args.cap_gb else []), "--",
+               "--worker", "--",
                "--bundle", str(bundle), "--run-dir", str(run_dir), "--warm-start", args.model, "--preset", args.preset,
                "--sandbox", "process", "--max-steps", str(args.steps), "--save-steps", "1",
                "--server-processes", str(args.server_processes), *(f"--set={pair}" for pair in args.set)]
     env = {**os.environ, **NVLINK_MULTICAST_OFF, "TRL_EXPERIMENTAL_SILENCE": "1", "PYTHONUNBUFFERED": "1",
            "XDG_STATE_HOME": str(run_dir / "state")}
-    if not args.smoke:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(gpus)))
+    if not args.smoke:  # NVML's order too, for each rank's whole-GPU peak
+        env.update(CUDA_VISIBLE_DEVICES=",".join(map(str, range(gpus))), CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    if args.cap_gb:
+        env["AGENTENV_NB_GPU_MEMORY_GB"] = str(args.cap_gb)  # the kit holds each rank's GPU to it
     print(f"== {gpus} GPU(s): {' '.join(command)}", flush=True)
     start = time.perf_counter()
     launched = subprocess.Popen(command, env=env, start_new_session=True)  # its own group: a deadline stops it all
@@ -97,24 +116,40 @@ def launch(gpus: int, args, bundle: Path) -> dict:
                       eval_logs=[log["step"] for log in logs if "eval_reward" in log],
                       rewards=[log.get("reward") for log in steps],
                       peak_reserved_gib=[rank["peak_reserved_gib"] for rank in ranks],
+                      device_peak_gb=[rank.get("device_peak_gb") for rank in ranks],
+                      vllm=[rank.get("vllm") for rank in ranks], gpu_of_rank=[rank.get("gpu") for rank in ranks],
+                      vllm_gpu_memory_utilization=[rank.get("vllm_gpu_memory_utilization") for rank in ranks],
                       checkpoints=sorted(path.name for path in (run_dir / "grpo").glob("checkpoint-*")))
     return result
 
 
-def table(results: list[dict]) -> str:
-    rows = ["| GPUs | steps | median step (s) | rollouts a step | rollouts/s | train logs at steps "
-            "| eval logs at steps | peak reserved a GPU (GiB) | wall (s) |", "|---|---|---|---|---|---|---|---|---|"]
+def table(results: list[dict], cap_gb: float | None = None) -> str:
+    """A row a launch; then the goals: two GPUs' rollouts a second against one's, each GPU's whole peak within
+    ``cap_gb``."""
+    rows = ["| GPUs | generation | steps | median step (s) | rollouts a step | rollouts/s | train logs at steps "
+            "| eval logs at steps | vLLM's share of each GPU | peak reserved a GPU (GiB) | peak a GPU, whole (GB) "
+            "| wall (s) |", "|" + "---|" * 12]
+    listed = lambda values, form: ", ".join("-" if v is None else format(v, form) for v in values)  # noqa: E731
     for r in sorted(results, key=lambda r: r["gpus"]):
         if "steady_step_s" not in r:
-            rows.append(f"| {r['gpus']} | failed, exit {r['exit']} | | | | | | | {r['wall_s']:.0f} |")
+            rows.append(f"| {r['gpus']} | | failed, exit {r['exit']} |" + " |" * 8 + f" {r['wall_s']:.0f} |")
             continue
-        peaks = ", ".join("-" if p is None else f"{p:.1f}" for p in r["peak_reserved_gib"])
-        rows.append(f"| {r['gpus']} | {r['steps']} | {r['steady_step_s']:.1f} | {r['rollouts_per_step']} | "
-                    f"{r['rollouts_per_s']:.2f} | {r['train_logs']} | {r['eval_logs']} | {peaks} | {r['wall_s']:.0f} |")
+        engines = set(r.get("vllm") or [])
+        generation = "mixed" if len(engines) > 1 else "vLLM" if engines == {True} else "generate"
+        rows.append(f"| {r['gpus']} | {generation} | {r['steps']} | {r['steady_step_s']:.1f} "
+                    f"| {r['rollouts_per_step']} | {r['rollouts_per_s']:.2f} | {r['train_logs']} | {r['eval_logs']} "
+                    f"| {listed(r.get('vllm_gpu_memory_utilization', []), '.4f')} "
+                    f"| {listed(r['peak_reserved_gib'], '.1f')} | {listed(r.get('device_peak_gb', []), '.1f')} "
+                    f"| {r['wall_s']:.0f} |")
     by_gpus = {r["gpus"]: r for r in results if "rollouts_per_s" in r}
+    rows.append("")
     if 1 in by_gpus and 2 in by_gpus:
         ratio = by_gpus[2]["rollouts_per_s"] / by_gpus[1]["rollouts_per_s"]
-        rows += ["", f"- rollouts/s, 2 GPUs / 1 GPU: {ratio:.2f}x (goal >= 1.8x): {'PASS' if ratio >= 1.8 else 'FAIL'}"]
+        rows.append(f"- rollouts/s, 2 GPUs / 1 GPU: {ratio:.2f}x (goal >= 1.8x): {'PASS' if ratio >= 1.8 else 'FAIL'}")
+    peaks = [p for r in by_gpus.values() for p in r.get("device_peak_gb") or [] if p is not None]
+    if cap_gb and peaks:
+        rows.append(f"- the most any GPU held, whole: {max(peaks):.1f} GB (goal <= {cap_gb:g}): "
+                    f"{'PASS' if max(peaks) <= cap_gb else 'FAIL'}")
     return "\n".join(rows)
 
 
@@ -155,12 +190,10 @@ def main(argv=None) -> None:
     (out / "scale.json").write_text(json.dumps({"preset": args.preset, "cap_gb": args.cap_gb, "steps": args.steps,
                                                 "results": list(results.values())}, indent=1))
     print(f"\n## One GPU against two, {args.preset}, each GPU held to {args.cap_gb or 'all'} GB\n\n"
-          f"{table(list(results.values()))}")
+          f"{table(list(results.values()), args.cap_gb)}")
 
 
 if __name__ == "__main__":
     if "--worker" in sys.argv:
-        i = sys.argv.index("--")
-        cap = sys.argv[sys.argv.index("--cap-gb") + 1] if "--cap-gb" in sys.argv[:i] else None
-        sys.exit(worker(float(cap) if cap else None, sys.argv[i + 1:]))
+        sys.exit(worker(sys.argv[sys.argv.index("--") + 1:]))
     main()

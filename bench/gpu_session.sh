@@ -14,6 +14,8 @@
 # - with GPU_EXPERT_REPLAY=1, first, bench/expert_replay.py: notebook 02's replay of 2,000 expert episodes;
 # - once the notebooks are done, on the idle card: bench/gpu_grpo.py on the Qwen3-4B shape held to 24 GB, the variants
 #   GPU_VARIANTS names, in order, as long as the deadline allows (GPU_VARIANTS= : none).
+# With GPU_SESSION=scale instead, on a machine of two GPUs: bench/gpu_scale.py, the training command on one GPU and
+# then on two under torchrun, each GPU held to 24 GB, the preset's vLLM on each rank (WORK/scale, WORK/scale.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-/var/tmp/gpu-run}
@@ -36,6 +38,19 @@ print({n: md.version(n) for n in ("torch", "vllm", "vllm-bnb-plugin", "unsloth",
                                   "triton", "nvidia-nccl-cu13", "nvidia-cudnn-cu13")})
 print(torch.cuda.get_device_name(), "cuDNN", torch.backends.cudnn.version())
 EOF
+q4b() {  # the random Qwen3-4B shape, built on the GPU
+  python3 -c "import sys; from agentenv_nb.train.tiny import build_random_qwen3_4b as b; b(sys.argv[1], device='cuda')" \
+    "$WORK/q4b" > "$WORK/q4b.log" 2>&1
+}
+if [[ ${GPU_SESSION:-} == scale ]]; then  # one GPU, then two, in one table; each launch stopped in its half of the time
+  q4b || { say "q4b: failed"; exit 1; }
+  for gpus in 1 2; do
+    OUT=$WORK timeout -k 30 $(($(left) - 30)) python3 bench/gpu_scale.py --model "$WORK/q4b" --gpus $gpus --steps 3 \
+      --work "$WORK/scale" --timeout-s $(( gpus == 1 ? ($(left) - 60) / 2 : $(left) - 60 )) >> "$WORK/scale.log" 2>&1
+    say "scale, $gpus GPU(s): exit $?"
+  done
+  exit
+fi
 python3 -m agentenv_nb.tasks.gridsim "$WORK/gridsim-gpu" --train "${GPU_TRAIN_DAYS:-200}" --eval 200 --overwrite
 
 notebooks() {  # notebooks PRESET: the four notebooks on PRESET, logged to WORK/PRESET.log
@@ -58,9 +73,7 @@ lr_probe() {  # GRPO from the "24gb" notebooks' warm start at each learning rate
   say "lr probe: done"
 }
 async_test() {
-  python3 -c "import sys; from agentenv_nb.train.tiny import build_random_qwen3_4b as b; b(sys.argv[1], device='cuda')" \
-    "$WORK/q4b" > "$WORK/q4b.log" 2>&1 &&
-    AGENTENV_NB_GPU_MODEL=$WORK/q4b timeout -k 10 "$(left)" python3 -m pytest tests/gpu/test_async_grpo.py -o addopts= \
+  q4b && AGENTENV_NB_GPU_MODEL=$WORK/q4b timeout -k 10 "$(left)" python3 -m pytest tests/gpu/test_async_grpo.py -o addopts= \
       -q -p no:cacheprovider > "$WORK/async_test.log" 2>&1
   say "async test: exit $?"
 }
@@ -80,7 +93,7 @@ wait "${runs[@]}"
 say "notebooks done"
 wait  # the lr probe and the async test, which would share the card
 [[ -n ${GPU_VARIANTS-bare,kit,kit-16bit} ]] || { say done; exit; }
-[[ -f $WORK/q4b/config.json ]] || python3 -c "import sys; from agentenv_nb.train.tiny import build_random_qwen3_4b as b; b(sys.argv[1], device='cuda')" "$WORK/q4b" > "$WORK/q4b.log" 2>&1
+[[ -f $WORK/q4b/config.json ]] || q4b
 OUT=$WORK timeout -k 10 $(($(left) - 20)) python3 bench/gpu_grpo.py --model "$WORK/q4b" \
   --variants "${GPU_VARIANTS:-bare,kit,kit-16bit}" --budget-s "${GPU_VARIANT_BUDGET_S:-60}" > "$WORK/grpo.log" 2>&1
 say "grpo: exit $?; done"

@@ -5,27 +5,32 @@ them on GPUs) training a step once, then one process resuming their run as the n
 
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from agentenv_nb.train.command import PROG
 
 TRAIN = [sys.executable, "-m", "agentenv_nb.train"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
             "agentenv_nb.train"]
 
 
-def run(command: list, tmp_path, timeout: float = 600) -> subprocess.CompletedProcess:
-    """The command as a user starts it, with the env framework's store of episodes kept in ``tmp_path``."""
+def run(command: list, tmp_path, timeout: float = 600, **environ: str) -> subprocess.CompletedProcess:
+    """The command as a user starts it, with the env framework's store of episodes kept in ``tmp_path``, and
+    ``environ`` set."""
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "TRL_EXPERIMENTAL_SILENCE": "1",
-           "HF_HOME": str(tmp_path / "hf")}  # no Hugging Face login but HF_TOKEN
+           "HF_HOME": str(tmp_path / "hf"), **environ}  # no Hugging Face login but HF_TOKEN
     env.pop("HF_TOKEN", None)
     # Unsloth, imported by earlier tests in this process, sets it, and huggingface_hub warns about it on stderr
     env.pop("HF_HUB_ENABLE_HF_TRANSFER", None)
     return subprocess.run([str(part) for part in command], capture_output=True, text=True, env=env, timeout=timeout)
 
 
-@pytest.mark.slow  # the command in five fresh interpreters
+@pytest.mark.slow  # the command in fresh interpreters
 def test_help_and_usage_errors_in_one_line(tmp_path):
     shown = run([*TRAIN, "--help"], tmp_path)
     assert shown.returncode == 0 and "torchrun --nproc_per_node N -m agentenv_nb.train" in shown.stdout
@@ -35,7 +40,10 @@ def test_help_and_usage_errors_in_one_line(tmp_path):
     for args, says in [(["--max-steps", "0"], "--max-steps: '0' is not a whole number of at least 1"),
                        (["--preset", "8gb"], "argument --preset: invalid choice: '8gb'"),
                        (["--run-dir", tmp_path], f"no warm start at {tmp_path}/sft/merged: run notebook 02"),
-                       (["--warm-start", tmp_path, "--bundle", "no-such-bundle"], "no bundle 'no-such-bundle'"),
+                       (["--warm-start", tmp_path, "--preset", "cpu-tiny", "--bundle", "no-such-bundle"],
+                        "no bundle 'no-such-bundle'"),
+                       (["--warm-start", tmp_path], "the '24gb' preset trains on a GPU and none is visible here"),
+                       (["--warm-start", tmp_path, "--set", "fsdp=full_shard"], "FSDP can't train the '24gb' preset"),
                        (["--report-to", "mlflow"], "argument --report-to: invalid choice: 'mlflow'"),
                        (["--push-to-hub", "you/model"], "--push-to-hub 'you/model' needs a Hugging Face token with "
                                                         "write access: set HF_TOKEN"),
@@ -43,6 +51,27 @@ def test_help_and_usage_errors_in_one_line(tmp_path):
         failed = run([*TRAIN, *args], tmp_path)
         assert failed.returncode == 2 and failed.stdout == "", failed.stdout
         assert failed.stderr.count("\n") == 1 and says in failed.stderr and "Traceback" not in failed.stderr
+
+
+@pytest.mark.slow  # two launches of two fresh processes
+def test_a_launch_that_cant_train_is_refused_by_each_rank_in_one_line(tmp_path):
+    """The docs' torchrun and accelerate launch command lines reach the command on each rank, which refuses what
+    can't train before anything slow: here, with no GPU visible, the "24gb" preset on torchrun's two processes, and
+    FSDP with the preset's vLLM under ``accelerate launch --use_fsdp``. The launcher then reports its failed ranks its
+    own way."""
+    accelerate = [Path(sys.executable).with_name("accelerate"), "launch", "--num_processes", "2", "--use_fsdp",
+                  "-m", "agentenv_nb.train"]
+    for launcher, says in [(TORCHRUN, "the '24gb' preset trains on a GPU and none is visible here"),
+                           (accelerate, "FSDP can't train the '24gb' preset")]:
+        failed = run([*launcher, "--warm-start", tmp_path, "--preset", "24gb"], tmp_path, timeout=300,
+                     CUDA_VISIBLE_DEVICES="")  # no GPU, wherever the test runs
+        assert failed.returncode != 0
+        assert "Unsloth Zoo will now patch" not in failed.stdout + failed.stderr  # refused before Unsloth loads
+        said = [re.fullmatch(rf"{re.escape(PROG)}: error(?: \(rank 1\))?: (.*)", line)
+                for line in failed.stderr.splitlines() if line.startswith(PROG)]
+        assert 1 <= len(said) <= 2 and len({m.group(0) for m in said}) == len(said)  # each rank's line, once
+        assert {m.group(1) for m in said} == {said[0].group(1)} and says in said[0].group(1), failed.stderr[-2000:]
+        assert "agentenv_nb/" not in failed.stderr  # no traceback of the kit's
 
 
 def test_the_command_and_notebook_03_take_one_set_of_parameters(monkeypatch):

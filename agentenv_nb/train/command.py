@@ -7,9 +7,10 @@ starts on N GPUs as data parallel (docs/scale-out.md).
 
 The same parameters and building blocks as the notebook: ``models.load_model``, ``presets.grpo_config``,
 ``AgentEnv``, ``train.grpo.GRPOTrainer`` with ``env.metrics`` and the console live view, ``fit`` (which resumes from
-the run's last checkpoint). Each rank trains on its own rows of every generation batch; rank 0 serves the envs for all ranks
-(``ranks``), prints the live view, and writes the metrics and checkpoints (transformers' Trainer saves on the main
-process only).
+the run's last checkpoint). Each rank trains on its own rows of every generation batch on its own GPU, with its own vLLM
+engine where the preset generates on vLLM, sized and capped on that GPU (``launch``, ``vllm_sizing``); rank 0 serves the
+envs for all ranks (``ranks``), prints the live view, and writes the metrics and checkpoints (transformers' Trainer
+saves on the main process only). A launch that can't run (FSDP with vLLM, fewer GPUs than processes) is refused first.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import sys
 from pathlib import Path
 
 from agentenv_nb.train.export import hub_problem
+from agentenv_nb.train.launch import launch_problem
 from agentenv_nb.train.presets import PRESETS
 from agentenv_nb.train.run import SANDBOXES, GRPORun
 from agentenv_nb.train.tracking import REPORT_TO, report_to_problem
@@ -119,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(problem.replace("PUSH_TO_HUB=", "--push-to-hub ").replace("leave PUSH_TO_HUB empty",
                                                                                    "leave --push-to-hub out"))
         model_name = warm_start(args)
+        if problem := launch_problem(args.preset, dict(args.overrides)):  # FSDP with vLLM, a GPU short
+            raise UsageError(problem)
         serving = None if args.env_url or os.environ.get("RANK", "0") != "0" else where_to_serve(args)
         train(args, model_name, serving)
     except UsageError as error:

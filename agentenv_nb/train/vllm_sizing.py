@@ -4,7 +4,8 @@ weights (which the LoRA training shares) fit the card: fp8, 16-bit or 4-bit.
 vLLM's ``gpu_memory_utilization`` is a share of the WHOLE card, so a recipe's 0.5 means half of an H200 there, far
 more than the 24 GB card the recipe was written for. Here the share is taken of the memory the run may use (the
 card, a cap set with ``torch.cuda.set_per_process_memory_fraction``, or ``AGENTENV_NB_GPU_MEMORY_GB``), at most the
-card a preset is made for, and turned back into a share of the card.
+card a preset is made for, and turned back into a share of the card. The card is this process's (``launch.this_gpu``):
+on N GPUs each process sizes and caps its own, as one such card each.
 
     utilization = gpu_memory_utilization(0.5, *gpu_memory(), made_for_bytes=24e9)
     hold_to_budget()   # with AGENTENV_NB_GPU_MEMORY_GB=24 on a larger card: the whole run as on a 24 GB one
@@ -21,6 +22,7 @@ step's rollouts), else 4-bit. On the H200 held to 24 GB, fp8 generated the Qwen3
 from __future__ import annotations
 
 from agentenv_nb import settings
+from agentenv_nb.train.launch import this_gpu
 
 WEIGHTS = ("fp8", "16bit", "4bit")  # in the order "auto" tries them
 # Unsloth 2026.10.9 quantizes to fp8 on the fly from compute capability 9.0 (Hopper, Blackwell): it refuses Ada
@@ -31,24 +33,25 @@ KV_CACHE_SHARE = 0.5  # of vLLM's memory, kept for the KV cache when choosing 16
 
 
 def gpu_memory() -> tuple[float, float | None]:
-    """This GPU's memory in bytes, and what the run may use of it (None: all of it): ``AGENTENV_NB_GPU_MEMORY_GB``,
-    else what ``torch.cuda.set_per_process_memory_fraction`` allows this process."""
+    """This process's GPU's memory in bytes, and what the run may use of it (None: all of it):
+    ``AGENTENV_NB_GPU_MEMORY_GB``, else what ``torch.cuda.set_per_process_memory_fraction`` allows this process."""
     import torch
 
-    card = torch.cuda.mem_get_info()[1]
+    gpu = this_gpu()
+    card = torch.cuda.mem_get_info(gpu)[1]
     allowed = settings.get("gpu_memory_gb")
     if allowed is not None:
         if allowed * 1e9 > card:
             raise ValueError(f"AGENTENV_NB_GPU_MEMORY_GB={allowed:g} is more than this GPU's {card / 1e9:.1f} GB: "
                              "set it to at most that, or unset it to use the whole card")
         return card, allowed * 1e9
-    fraction = torch.cuda.get_per_process_memory_fraction()
+    fraction = torch.cuda.get_per_process_memory_fraction(gpu)
     return card, card * fraction if fraction < 1 else None
 
 
 def hold_to_budget() -> None:
-    """Cap this process's PyTorch allocations at ``AGENTENV_NB_GPU_MEMORY_GB`` where it is set and a GPU is seen,
-    so a larger card runs as the card the setting names (vLLM is sized to it too, by ``gpu_memory``)."""
+    """Cap this process's PyTorch allocations on its GPU at ``AGENTENV_NB_GPU_MEMORY_GB`` where it is set and a GPU
+    is seen, so a larger card runs as the card the setting names (vLLM is sized to it too, by ``gpu_memory``)."""
     allowed = settings.get("gpu_memory_gb")
     if allowed is None:
         return
@@ -56,7 +59,7 @@ def hold_to_budget() -> None:
 
     if torch.cuda.is_available():
         card = gpu_memory()[0]
-        torch.cuda.set_per_process_memory_fraction(allowed * 1e9 / card)
+        torch.cuda.set_per_process_memory_fraction(allowed * 1e9 / card, this_gpu())
 
 
 def gpu_memory_utilization(share: float, card_bytes: float, allowed_bytes: float | None = None,

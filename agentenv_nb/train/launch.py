@@ -1,0 +1,76 @@
+"""What a launch of the training command can run, said before anything slow starts; and which GPU is this process's.
+
+``torchrun --nproc_per_node N`` and ``accelerate launch --num_processes N`` start N processes on a machine and give
+each its ``LOCAL_RANK``. Unsloth loads each process's model, and with ``fast_inference`` its own vLLM engine
+(unsloth_zoo's ``external_launcher`` executor), on GPU ``LOCAL_RANK``. ``vllm_sizing`` reads and caps the memory of
+that same GPU (``this_gpu``), not of the current device: accelerate's PartialState sets the device as the GRPOConfig
+is built, Unsloth as the model loads, and a process that sizes vLLM before either would otherwise size GPU 0.
+
+    problem(presets.named("24gb"), processes=2, gpus=1, fsdp=False)   # one line: a GPU for each process
+    launch_problem("24gb", {"fsdp": "full_shard"})                     # this process's launch: FSDP with vLLM
+    torch.cuda.mem_get_info(this_gpu())
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentenv_nb.train.presets import Preset
+
+
+def processes_here() -> int:
+    """The processes the launcher started on this machine (``LOCAL_WORLD_SIZE``, which torchrun and accelerate launch
+    set); 1 without one."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def this_gpu() -> int:
+    """This process's GPU: ``LOCAL_RANK`` under a launcher, modulo the GPUs it sees, as Unsloth places its model
+    (``loader_utils._infer_local_rank``); without a launcher, the current device."""
+    import torch
+
+    local_rank = os.environ.get("LOCAL_RANK")
+    if local_rank is None:
+        return torch.cuda.current_device()
+    return int(local_rank) % max(torch.cuda.device_count(), 1)
+
+
+def fsdp_requested(settings: dict) -> bool:
+    """Whether the launch trains with FSDP: ``accelerate launch --use_fsdp`` or an FSDP config
+    (``ACCELERATE_USE_FSDP``, which accelerate builds FSDP from), or an ``fsdp`` GRPOConfig setting."""
+    from accelerate.utils import parse_flag_from_env
+
+    return parse_flag_from_env("ACCELERATE_USE_FSDP") or bool(settings.get("fsdp"))
+
+
+def problem(preset: Preset, processes: int, gpus: int, fsdp: bool) -> str | None:
+    """Why ``processes`` processes of ``preset`` on a machine with ``gpus`` visible GPUs can't train (``fsdp``: sharded
+    rather than data parallel), in one line saying what to launch instead; None if they can."""
+    if preset.on_cpu:
+        return None
+    if fsdp and preset.vllm:  # Unsloth refuses FSDP2 too, but only as the model loads, with a traceback
+        return (f"FSDP can't train the '{preset.name}' preset: its rollouts come from Unsloth's vLLM, which shares the "
+                "whole model's weights in each process (Unsloth refuses it under FSDP2); launch data parallel "
+                "instead, a whole copy on each GPU: torchrun, or accelerate launch without --use_fsdp or an FSDP "
+                "config")
+    if gpus == 0:
+        return (f"the '{preset.name}' preset trains on a GPU and none is visible here: run on a machine with an NVIDIA "
+                "GPU, or pass --preset cpu-tiny to train the tiny model on the CPU")
+    if gpus < processes:
+        return (f"{processes} processes were launched on this machine and it has {gpus} GPU(s) visible: each trains on "
+                f"a GPU of its own (its model copy and its vLLM engine), so launch at most {gpus} (torchrun "
+                f"--nproc_per_node {gpus}, accelerate launch --num_processes {gpus}), or make more GPUs visible "
+                "(CUDA_VISIBLE_DEVICES)")
+    return None
+
+
+def launch_problem(preset: str, settings: dict) -> str | None:
+    """``problem`` for this process's launch: its launcher's environment, the GPUs it sees, and ``settings`` (the
+    GRPOConfig's, over the preset's)."""
+    import torch
+
+    from agentenv_nb.train.presets import named
+
+    return problem(named(preset), processes_here(), torch.cuda.device_count(), fsdp_requested(settings))
