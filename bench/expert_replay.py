@@ -3,7 +3,7 @@ serves them (``AgentEnv.local`` from server processes, the process sandbox), pla
 
     python bench/expert_replay.py --episodes 2000 --server-processes 8 --lanes 32    # prints one JSON line
 
-Reports the wall time of ``demos.gridsim_expert`` over the episodes (the servers already up, one warm-up batch
+Reports the wall time of ``demos.expert_demonstrations`` over the episodes (the servers already up, one warm-up batch
 played first, as a notebook's first cell would have), episodes a second, and how many scored 1.0.
 """
 
@@ -15,6 +15,7 @@ import time
 
 from agentenv_nb import AgentEnv
 from agentenv_nb.tasks.gridsim import write_bundle
+from agentenv_nb.tasks.gridsim.adapter import play_optimum
 from agentenv_nb.train import demos
 
 
@@ -31,9 +32,9 @@ def main() -> None:
                             processes=args.server_processes) as env:
             serve_s = time.perf_counter() - started
             rows = list(env.dataset)
-            demos.gridsim_expert(env.factory, rows[:args.lanes], concurrency=args.lanes)  # every lane's first episode
+            demos.expert_demonstrations(play_optimum, env.factory, rows[:args.lanes], concurrency=args.lanes)  # every lane's first episode
             started = time.perf_counter()
-            played = demos.gridsim_expert(env.factory, rows, concurrency=args.lanes)
+            played = demos.expert_demonstrations(play_optimum, env.factory, rows, concurrency=args.lanes)
             seconds = time.perf_counter() - started
     print(json.dumps({"episodes": len(played), "scored_1": sum(r["reward"] == 1.0 for r in played),
                       "seconds": round(seconds, 1), "episodes_per_s": round(len(played) / seconds, 1),

@@ -216,7 +216,7 @@ class DevicePeak:
     """The most GPU memory in use on the device (total less free, as nvidia-smi counts it: the whole process, vLLM,
     CUDA context and graphs included, and anything else on the GPU), and the most this process and its children use
     (NVML's per-process count, where NVML sees their pids), sampled on a thread every 50 ms since the last ``reset``.
-    ``device``: the GPU's index (a rank's, ``launch.this_gpu``); None, the current device's. NVML counts GPUs in PCI
+    ``device``: the GPU's index (a rank's, ``vllm_sizing.this_gpu``); None, the current device's. NVML counts GPUs in PCI
     order: set CUDA_DEVICE_ORDER=PCI_BUS_ID where CUDA's order could differ."""
 
     def __init__(self, device: int | None = None):

@@ -45,7 +45,7 @@ def worker(argv: list[str]) -> int:
     from gpu_grpo import DevicePeak
 
     from agentenv_nb.train import command, presets, vllm_sizing
-    from agentenv_nb.train.launch import this_gpu
+    from agentenv_nb.train.vllm_sizing import this_gpu
 
     args = command.parser().parse_args(argv)
     kwargs = presets.grpo_kwargs(args.preset, **dict(args.overrides))

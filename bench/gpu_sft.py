@@ -6,7 +6,7 @@ Usage::
     python bench/gpu_sft.py --smoke                   # CPU plumbing: tiny model, "cpu-tiny", 1 step
 
 Notebook 02's path: the GridSim expert played through ``AgentEnv.local`` (process sandbox) for the data, kept where
-the task's verifier scored 1 (``demos.gridsim_expert``, ``demos.sft_dataset``); ``models.load_model`` (Unsloth, LoRA);
+the task's verifier scored 1 (``demos.expert_demonstrations``, ``demos.sft_dataset``); ``models.load_model`` (Unsloth, LoRA);
 TRL's SFTTrainer with ``presets.sft_config(preset)``. Step timing, memory, OOM and error handling are
 bench/gpu_grpo.py's. Prints a markdown table; writes ``$OUT/sft_<preset>[_nocap].json`` (OUT: ./bench-out if unset).
 """
@@ -31,11 +31,12 @@ def run_sft(args, timer, result: dict) -> None:
     from agentenv_nb import AgentEnv
     from agentenv_nb.train import demos, models, presets
     from agentenv_nb.tasks.gridsim import write_bundle
+    from agentenv_nb.tasks.gridsim.adapter import play_optimum
 
     bundle = write_bundle(Path(args.work) / "gridsim", train=args.demos, eval=2)
     start = time.perf_counter()
     with AgentEnv.local(bundle, split="train", sandbox="process", max_concurrent_envs=8) as env:
-        expert = demos.gridsim_expert(env.factory, env.dataset)
+        expert = demos.expert_demonstrations(play_optimum, env.factory, env.dataset)
     kept = [d for d in expert if d["reward"] == 1.0]
     result.update(demos_s=time.perf_counter() - start, demos=len(expert), kept=len(kept))
     if args.smoke:

@@ -103,7 +103,7 @@ def test_unsloth_puts_each_rank_and_its_vllm_engine_on_the_gpu_the_kit_sizes(mon
         monkeypatch.setattr(loader_utils, "_visible_device_count", lambda: seen)
         for local_rank in range(4):
             monkeypatch.setenv("LOCAL_RANK", str(local_rank))
-            assert loader_utils._infer_local_rank(local_rank) == launch.this_gpu() == local_rank % seen
+            assert loader_utils._infer_local_rank(local_rank) == vllm_sizing.this_gpu() == local_rank % seen
     assert "torch.cuda.set_device(local_rank)" in inspect.getsource(loader_utils.prepare_device_map)
     # the external launcher: torchrun's and accelerate launch's variables (seen), then the engine on that GPU
     accelerate_launch = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",

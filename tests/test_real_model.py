@@ -28,6 +28,7 @@ def test_gguf_model_loads_plays_and_trains_a_step(gguf, tmp_path, capsys):
 
     from agentenv_nb import AgentEnv
     from agentenv_nb.tasks import bundles
+    from agentenv_nb.tasks.gridsim.adapter import play_optimum
     from agentenv_nb.train import demos, models, presets
     from agentenv_nb.train.rollout import play
 
@@ -44,7 +45,7 @@ def test_gguf_model_loads_plays_and_trains_a_step(gguf, tmp_path, capsys):
         env.check(tokenizer)  # the template is one TRL parses tool calls from
         [played] = play(model, tokenizer, env.factory, env.dataset_for("eval").select(range(1)), max_new_tokens=48)
         assert played["messages"][-1]["role"] == "assistant" and played["reward"] is not None
-        expert = [d for d in demos.gridsim_expert(env.factory, env.dataset.select(range(2))) if d["reward"] == 1.0]
+        expert = [d for d in demos.expert_demonstrations(play_optimum, env.factory, env.dataset.select(range(2))) if d["reward"] == 1.0]
 
     lora = {name: p.detach().clone() for name, p in model.named_parameters() if "lora_B" in name}
     trainer = SFTTrainer(model=model, processing_class=tokenizer, train_dataset=demos.sft_dataset(expert),

@@ -9,13 +9,15 @@ bundle under the entry-point group ``agentenv_nb.task_adapters``. Every notebook
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 ENTRY_POINTS = "agentenv_nb.task_adapters"
+Expert = Callable[[Callable[[str, dict], str], dict], str]  # expert(act, task) -> the reply that ends its turn
 
 
 class TaskAdapter:
@@ -42,9 +44,11 @@ class TaskAdapter:
         step."""
         return None
 
-    def expert(self, env: Any, rows: list[dict]) -> list[dict] | None:
-        """The expert's demonstrations of ``rows``, played through ``env``'s environments and scored by the
-        task's verifier (``train.rollout.Rollout``s); only those scoring 1 are learned from."""
+    def expert(self) -> Expert | None:
+        """The expert: a function that plays one task (a row of the bundle's dataset) through ``act(tool,
+        arguments)``, which calls a tool of the task's env and returns its result, and returns the reply its turn
+        ends with. ``train.demos.expert_demonstrations`` plays it through the env, the task's verifier scores each
+        episode, and only those scoring 1 are learned from."""
         return None
 
 

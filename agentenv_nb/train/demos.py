@@ -1,7 +1,7 @@
-"""SFT data played through the env itself: the GridSim expert's demonstrations (the day's exact optimum) and
-self-distillation's best rollouts, each a real conversation of tool calls and tool results.
+"""SFT data played through the env itself: a task adapter's expert demonstrations (GridSim's: the day's exact
+optimum) and self-distillation's best rollouts, each a real conversation of tool calls and tool results.
 
-    demos = gridsim_expert(env.factory, env.dataset)           # Rollouts, scored by the task's verifier
+    demos = expert_demonstrations(adapter_for(bundle).expert(), env.factory, env.dataset)   # scored by the verifier
     train_set = sft_dataset(d for d in demos if d["reward"] == 1.0)
     # self-distillation, as in agent-lightning's "Fine-tune with Unsloth SFT" recipe (microsoft/agent-lightning, examples/unsloth): play the model, keep the top half by reward, fine-tune, repeat
     rollouts, kept = self_distill_round(model, tokenizer, env, "cpu-tiny", "runs/distill-0")
@@ -12,18 +12,16 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable, Iterable
-from agentenv_nb.tasks.gridsim import battery
+
+from agentenv_nb.tasks.adapters import Expert
 from agentenv_nb.train import presets
 from agentenv_nb.train.rollout import Rollout, call_tools, environment_for, play, tool_methods
 
-DONE = "I submitted the day's schedule."
 
-
-def gridsim_expert(factory: Callable, rows: Iterable[dict],
-                   policy: Callable[[list[float]], list[int]] = battery.optimal_schedule,
-                   concurrency: int = 8) -> list[Rollout]:
-    """Play each GridSim row as an expert would, through real environments, ``concurrency`` episodes at once (at
-    most the server's sessions): get_prices, submit_schedule with ``policy``'s schedule for those prices, end_turn.
+def expert_demonstrations(expert: Expert, factory: Callable, rows: Iterable[dict],
+                          concurrency: int = 8) -> list[Rollout]:
+    """Play each row with a task adapter's ``expert`` (``TaskAdapter.expert``) through real environments,
+    ``concurrency`` episodes at once (at most the server's sessions): its tool calls, then end_turn with its reply.
     The verifier scores each as it scores the model; the rollouts come back in the rows' order."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -34,33 +32,30 @@ def gridsim_expert(factory: Callable, rows: Iterable[dict],
     def play_lane(lane: int) -> None:  # one environment a lane, as TRL keeps one a rollout slot
         environment = environment_for(factory, lane)
         for index in range(lane, len(rows), lanes):
-            rollouts[index] = _expert_episode(environment, rows[index], policy)
+            rollouts[index] = _expert_episode(environment, rows[index], expert)
 
     with ThreadPoolExecutor(lanes, thread_name_prefix="agentenv_nb-expert") as pool:
         list(pool.map(play_lane, range(lanes)))  # list(): a lane's error is raised here
     return rollouts
 
 
-def _expert_episode(environment, row: dict, policy: Callable[[list[float]], list[int]]) -> Rollout:
+def _expert_episode(environment, row: dict, expert: Expert) -> Rollout:
     from transformers.utils import get_json_schema
 
     environment.reset(**{k: v for k, v in row.items() if k != "environment"})
     rollout = Rollout(task_id=row.get("task_id", ""), messages=[dict(m) for m in row["prompt"]],
                       tools=[get_json_schema(tool) for tool in tool_methods(environment)], reward=None,
                       tool_calls=0, tool_failures=0)
-    _act(environment, rollout, "get_prices", {})
-    prices = json.loads(rollout["messages"][-1]["content"])
-    _act(environment, rollout, "submit_schedule", {"schedule": policy(prices)})
-    _act(environment, rollout, "end_turn", {"response": DONE})
+
+    def act(name: str, arguments: dict) -> str:  # the assistant calls a tool; the environment's answer is recorded
+        call = {"type": "function", "function": {"name": name, "arguments": arguments}}
+        rollout["messages"].append({"role": "assistant", "content": "", "tool_calls": [call]})
+        call_tools(environment, [call], rollout)
+        return rollout["messages"][-1]["content"]
+
+    act("end_turn", {"response": expert(act, row)})
     rollout["reward"] = environment.get_reward()
     return rollout
-
-
-def _act(environment, rollout: Rollout, name: str, arguments: dict) -> None:
-    """The assistant calls ``name`` and the environment answers, both recorded in the conversation."""
-    call = {"type": "function", "function": {"name": name, "arguments": arguments}}
-    rollout["messages"].append({"role": "assistant", "content": "", "tool_calls": [call]})
-    call_tools(environment, [call], rollout)
 
 
 def _arguments_as_text(message: dict) -> dict:

@@ -3,12 +3,11 @@
 ``torchrun --nproc_per_node N`` and ``accelerate launch --num_processes N`` start N processes on a machine and give
 each its ``LOCAL_RANK``. Unsloth loads each process's model, and with ``fast_inference`` its own vLLM engine
 (unsloth_zoo's ``external_launcher`` executor), on GPU ``LOCAL_RANK``. ``vllm_sizing`` reads and caps the memory of
-that same GPU (``this_gpu``), not of the current device: accelerate's PartialState sets the device as the GRPOConfig
+that same GPU (``vllm_sizing.this_gpu``), not of the current device: accelerate's PartialState sets the device as the GRPOConfig
 is built, Unsloth as the model loads, and a process that sizes vLLM before either would otherwise size GPU 0.
 
     problem(presets.named("24gb"), processes=2, gpus=1, fsdp=False)   # one line: a GPU for each process
     launch_problem("24gb", {"fsdp": "full_shard"})                     # this process's launch: FSDP with vLLM
-    torch.cuda.mem_get_info(this_gpu())
 """
 
 from __future__ import annotations
@@ -24,17 +23,6 @@ def processes_here() -> int:
     """The processes the launcher started on this machine (``LOCAL_WORLD_SIZE``, which torchrun and accelerate launch
     set); 1 without one."""
     return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-
-
-def this_gpu() -> int:
-    """This process's GPU: ``LOCAL_RANK`` under a launcher, modulo the GPUs it sees, as Unsloth places its model
-    (``loader_utils._infer_local_rank``); without a launcher, the current device."""
-    import torch
-
-    local_rank = os.environ.get("LOCAL_RANK")
-    if local_rank is None:
-        return torch.cuda.current_device()
-    return int(local_rank) % max(torch.cuda.device_count(), 1)
 
 
 def fsdp_requested(settings: dict) -> bool:

@@ -32,7 +32,7 @@ import os
 from typing import Any
 
 from agentenv_nb.stack import import_unsloth, vllm_available
-from agentenv_nb.train import configs, launch, vllm_sizing
+from agentenv_nb.train import configs, vllm_sizing
 
 # Where a setting goes; "small": the SFT of a small model, "trainer": GRPO's and SFT's
 PARTS = ("machine", "model", "lora", "grpo", "sft", "small", "trainer")
@@ -232,7 +232,7 @@ def vllm_weights(preset: Preset | str, model_name: str) -> str:
 
     card, allowed = vllm_sizing.gpu_memory()
     vllm_bytes = card * vllm_sizing.gpu_memory_utilization(preset.vllm_share, card, allowed, preset.gpu_gb * 1e9)
-    choice, why = vllm_sizing.choose_weights(torch.cuda.get_device_capability(launch.this_gpu()), vllm_bytes,
+    choice, why = vllm_sizing.choose_weights(torch.cuda.get_device_capability(vllm_sizing.this_gpu()), vllm_bytes,
                                              vllm_sizing.weights_16bit_bytes(model_name))
     _say(f"agentenv_nb: vLLM generates from {why}. Name another with "
          f"dataclasses.replace(preset, vllm_weights=...), one of {vllm_sizing.WEIGHTS}.")

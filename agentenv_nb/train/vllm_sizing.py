@@ -4,7 +4,7 @@ weights (which the LoRA training shares) fit the card: fp8, 16-bit or 4-bit.
 vLLM's ``gpu_memory_utilization`` is a share of the WHOLE card, so a recipe's 0.5 means half of an H200 there, far
 more than the 24 GB card the recipe was written for. Here the share is taken of the memory the run may use (the
 card, a cap set with ``torch.cuda.set_per_process_memory_fraction``, or ``AGENTENV_NB_GPU_MEMORY_GB``), at most the
-card a preset is made for, and turned back into a share of the card. The card is this process's (``launch.this_gpu``):
+card a preset is made for, and turned back into a share of the card. The card is this process's (``this_gpu``):
 on N GPUs each process sizes and caps its own, as one such card each.
 
     utilization = gpu_memory_utilization(0.5, *gpu_memory(), made_for_bytes=24e9)
@@ -21,8 +21,9 @@ step's rollouts), else 4-bit. On the H200 held to 24 GB, fp8 generated the Qwen3
 
 from __future__ import annotations
 
+import os
+
 from agentenv_nb import settings
-from agentenv_nb.train.launch import this_gpu
 
 WEIGHTS = ("fp8", "16bit", "4bit")  # in the order "auto" tries them
 # Unsloth 2026.10.9 quantizes to fp8 on the fly from compute capability 9.0 (Hopper, Blackwell): it refuses Ada
@@ -30,6 +31,17 @@ WEIGHTS = ("fp8", "16bit", "4bit")  # in the order "auto" tries them
 # fails when that changes)
 FP8_FROM = (9, 0)
 KV_CACHE_SHARE = 0.5  # of vLLM's memory, kept for the KV cache when choosing 16-bit weights
+
+
+def this_gpu() -> int:
+    """This process's GPU: ``LOCAL_RANK`` under a launcher, modulo the GPUs it sees, as Unsloth places its model
+    (``loader_utils._infer_local_rank``); without a launcher, the current device."""
+    import torch
+
+    local_rank = os.environ.get("LOCAL_RANK")
+    if local_rank is None:
+        return torch.cuda.current_device()
+    return int(local_rank) % max(torch.cuda.device_count(), 1)
 
 
 def gpu_memory() -> tuple[float, float | None]:

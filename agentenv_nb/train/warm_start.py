@@ -46,10 +46,11 @@ def choose(bundle: str | Path, env, demos: str | Path = "") -> WarmStart:
     train tasks and kept where the verifier scored 1; else ``demos``, checked against ``env``'s tools; else
     self-distillation."""
     adapter = adapter_for(bundle)
-    expert = adapter.expert(env, list(env.dataset)) if adapter else None
+    expert = adapter.expert() if adapter else None
     if expert is not None:
-        kept = [d for d in expert if d["reward"] == 1.0]
-        start = WarmStart(EXPERT, f"{adapter.name}'s task adapter has an expert: {len(kept)} of its {len(expert)} "
+        played = demo_data.expert_demonstrations(expert, env.factory, env.dataset, concurrency=env.max_concurrent_envs)
+        kept = [d for d in played if d["reward"] == 1.0]
+        start = WarmStart(EXPERT, f"{adapter.name}'s task adapter has an expert: {len(kept)} of its {len(played)} "
                                   "episodes scored 1.0", kept)
     elif demos:
         given = read_demonstrations(demos, env.factories)

@@ -4,11 +4,15 @@ of trainers on gridsim-v1."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any
 
+from .battery import optimal_schedule
 from .generate import ENV_NAME, read_days
 from .report import REFERENCE, baseline_scores, plot_day
+
+
+DONE = "I submitted the day's schedule."
 
 
 class GridSimAdapter:
@@ -28,7 +32,12 @@ class GridSimAdapter:
     def reference(self) -> tuple[str, dict[str, dict[int, float]]]:
         return "Qwen3-4B, gridsim-v1", REFERENCE
 
-    def expert(self, env: Any, rows: list[dict]) -> list[dict]:
-        from agentenv_nb.train.demos import gridsim_expert
+    def expert(self):
+        return play_optimum
 
-        return gridsim_expert(env.factory, rows, concurrency=env.max_concurrent_envs)
+
+def play_optimum(act, task: dict) -> str:
+    """The day's exact optimum: its prices, then the schedule ``battery.optimal_schedule`` makes of them."""
+    prices = json.loads(act("get_prices", {}))
+    act("submit_schedule", {"schedule": optimal_schedule(prices)})
+    return DONE
