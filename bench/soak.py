@@ -19,7 +19,6 @@ import os
 import random
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,20 +30,15 @@ import httpx
 import psutil
 
 from agentenv_nb.client import AgentEnv
+from agentenv_nb.envs.pool import free_port
 from agentenv_nb.tasks import gridsim
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Server:
     """The serve command on one port, started again by ``restart``."""
 
     def __init__(self, bundle: Path, work: Path, workers: int):
-        self.bundle, self.port, self.token = bundle, _free_port(), secrets.token_urlsafe(32)
+        self.bundle, self.port, self.token = bundle, free_port(), secrets.token_urlsafe(32)
         self.env = {**os.environ, "AGENTENV_NB_WORK_DIR": str(work / "envs"), "AGENTENV_NB_TOKEN": self.token,
                     "AGENTENV_NB_SANDBOX": "process", "AGENTENV_NB_ENV_POOL": str(workers),
                     "AGENTENV_NB_MAX_CONCURRENT_ENVS": str(workers), "TMPDIR": str(work / "tmp")}

@@ -4,22 +4,15 @@ env), the tiny model, TRL's GRPOTrainer on CPU, and a free loopback port."""
 import json
 import logging
 import os
-import socket
 
 import pytest
 
+from agentenv_nb.envs.pool import free_port  # noqa: F401  a loopback port free now, for a server a test starts
 from agentenv_nb.stack import import_unsloth
 
 # This process's environment before any test imported Unsloth, which sets variables for the process it runs in
 # (HF_HUB_ENABLE_HF_TRANSFER, which huggingface_hub then warns about on stderr): what a user's own servers start with
 STARTED_WITH = dict(os.environ)
-
-
-def free_port() -> int:
-    """A loopback port free now, for a server a test starts on it."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def turn(prompt_id: str, prompt: str, after: str, poll: float = 0.1) -> dict:

@@ -2,11 +2,13 @@
 kit's GRPOTrainer (``agentenv_nb.train.grpo``) runs a batch's tool calls at once with TRL's results, counts and
 roll-back, and the same rewards in a seeded run. Real servers on loopback, the tiny model, real GRPO steps."""
 
+import ast
 import hashlib
-import inspect
+import importlib.util
 import logging
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -62,12 +64,23 @@ def test_get_reward_before_any_episode_says_to_reset(answers):
         play.get_reward()
 
 
-def test_the_trl_methods_the_kit_trainer_builds_on_are_the_ones_read():
+def trl_method_source(name: str) -> str:
+    """GRPOTrainer.``name`` as trl's own file has it, decorators included: once Unsloth's model code is imported (by
+    any earlier test in this process), the class attribute is Unsloth's rewrite, whose source is another file."""
     trainer_class("trl")  # unsloth first
-    from trl.trainer.grpo_trainer import GRPOTrainer
+    path = importlib.util.find_spec("trl.trainer.grpo_trainer").origin
+    source = Path(path).read_text()
+    [trainer] = [node for node in ast.parse(source).body
+                 if isinstance(node, ast.ClassDef) and node.name == "GRPOTrainer"]
+    [method] = [node for node in trainer.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                and node.name == name]
+    first = min([method.lineno] + [decorator.lineno for decorator in method.decorator_list])
+    return "".join(source.splitlines(keepends=True)[first - 1:method.end_lineno])
 
+
+def test_the_trl_methods_the_kit_trainer_builds_on_are_the_ones_read():
     for name, digest in PINNED.items():
-        source = inspect.getsource(getattr(GRPOTrainer, name))
+        source = trl_method_source(name)
         assert hashlib.sha256(source.encode()).hexdigest() == digest, (
             f"trl's GRPOTrainer.{name} changed: agentenv_nb.train.grpo relies on it calling each rollout's sync tools "
             "from self._sync_tool_dicts in order; read it again, then update PINNED")

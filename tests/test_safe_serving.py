@@ -13,7 +13,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -34,6 +33,8 @@ from agentenv_nb.envs.serving import serve_in_thread
 from agentenv_nb.envs.workdir import WorkDirError
 from agentenv_nb.tasks import gridsim
 
+from .conftest import free_port
+
 SERVE = [sys.executable, "-m", "agentenv_nb.serve"]
 SECRETS = {"HF_TOKEN": "hf_not_for_envs", "MODAL_TOKEN_SECRET": "modal_not_for_envs"}
 
@@ -47,12 +48,6 @@ def own_work_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _bundle(root: Path, train: int = 2) -> Path:
@@ -77,7 +72,7 @@ class _ServeCommand:
     """``python -m agentenv_nb.serve`` as a user starts it; its first line of output, its URL."""
 
     def __init__(self, bundle: Path, tmp_path: Path, *args: str, env: dict | None = None):
-        self.port = _free_port()
+        self.port = free_port()
         self.log = tmp_path / f"serve-{self.port}.log"
         self.process = subprocess.Popen([*SERVE, str(bundle), "--port", str(self.port), *args],
                                         stdout=subprocess.PIPE, stderr=self.log.open("w"), text=True,
