@@ -122,10 +122,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     import uvicorn
 
+    from agentenv_nb.envs.serving import SHUTDOWN_GRACE_S
+
     if shown:
         print(f"agentenv_nb: serving on http://{host}:{port} with the access token {shown} (shown once: pass it as "
               "AgentEnv(url, token=...) or AGENTENV_NB_TOKEN; set AGENTENV_NB_TOKEN to choose it)", flush=True)
-    uvicorn.run(app, host=host, port=port, ws_ping_interval=None)
+    uvicorn.run(app, host=host, port=port, ws_ping_interval=None, timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
 
 
 def _private_store() -> None:
@@ -147,8 +149,10 @@ def _serve_inherited(app, fd: int) -> None:
     """Serve ``app`` on the listening socket ``fd`` a parent handed over, until it closes this process's stdin."""
     import uvicorn
 
+    from agentenv_nb.envs.serving import SHUTDOWN_GRACE_S
+
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", ws_ping_interval=None,
-                                           timeout_graceful_shutdown=30))
+                                           timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
 
     def stop_with_parent() -> None:
         while os.read(0, 4096):  # os.read: a daemon thread inside sys.stdin's reader would abort the exit

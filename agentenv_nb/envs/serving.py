@@ -57,9 +57,13 @@ class ServerHandle:
         self.close()
 
 
+SHUTDOWN_GRACE_S = 30.0  # seconds a stopping server gives the requests in flight before it cancels them: a reset
+# still deploying an env (one whose process died waits out agent_env's card timeout, 180 s) won't hold a restart
+
+
 def serve_in_thread(bundle: str | Path | Resolved, host: str = "127.0.0.1", port: int = 0, sandbox: str | None = None,
                     max_concurrent_envs: int | None = None, reward: Reward = None, token: str | None = None,
-                    start_timeout: float = 60.0, shutdown_timeout: float = 30.0,
+                    start_timeout: float = 60.0, shutdown_timeout: float = SHUTDOWN_GRACE_S,
                     bundle_dir: str | Path = "bundles") -> ServerHandle:
     """Serve ``bundle`` (see ``resolve``) on a daemon thread; ``port=0`` takes a free one. Returns once it accepts
     connections, or raises when it didn't start within ``start_timeout`` seconds."""
