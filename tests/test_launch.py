@@ -5,6 +5,9 @@ torch.cuda as a two-GPU machine reports it (the refusals are run as real launche
 
 import dataclasses
 import inspect
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -88,10 +91,20 @@ def test_a_launch_that_cant_train_is_refused_in_one_line(monkeypatch):
     assert launch.processes_here() == 3
 
 
-def test_unsloth_puts_each_rank_and_its_vllm_engine_on_the_gpu_the_kit_sizes(monkeypatch):
+def test_unsloth_puts_each_rank_and_its_vllm_engine_on_the_gpu_the_kit_sizes():
     """Unsloth places a launched process's model on GPU LOCAL_RANK, modulo the GPUs it sees, and unsloth_zoo starts
     its vLLM engine there, with vLLM's external_launcher executor in the launch's own process group, wherever
-    torchrun's variables are set (accelerate launch sets them too); its FSDP reading of the launch is the kit's."""
+    torchrun's variables are set (accelerate launch sets them too); its FSDP reading of the launch is the kit's. In a
+    fresh Python: importing ``unsloth.models`` puts Unsloth's trainers in TRL's place for the whole process, and the
+    tests after this one train with TRL's own."""
+    script = ("import pytest\nfrom tests.test_launch import unsloth_places_each_rank_on_the_gpu_the_kit_sizes as check\n"
+              "with pytest.MonkeyPatch.context() as monkeypatch:\n    check(monkeypatch)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def unsloth_places_each_rank_on_the_gpu_the_kit_sizes(monkeypatch):
     import_unsloth()
     import unsloth.fsdp2_launch
     from unsloth.models import loader_utils
