@@ -2,10 +2,11 @@
 notebook's cells; stdout stays, a failure shows the log's last lines, and stderr is whole again afterwards. Each case
 runs in a fresh Python, as a notebook's kernel or the training command starts, with the real transformers and tqdm."""
 
-import os
 import subprocess
 import sys
 import textwrap
+
+from .conftest import STARTED_WITH
 
 LIBRARIES = """
 import logging, warnings
@@ -18,8 +19,10 @@ library = transformers_logging.get_logger("transformers.trainer")
 
 def run(tmp_path, body: str) -> subprocess.CompletedProcess:
     log = tmp_path / "library.log"
+    # The environment the test session started with, as a fresh kernel's: an earlier test's Unsloth import sets
+    # variables that huggingface_hub warns about on stderr
     return subprocess.run([sys.executable, "-c", LIBRARIES + textwrap.dedent(body)], capture_output=True, text=True,
-                          env={**os.environ, "AGENTENV_NB_LIBRARY_LOG": str(log)}, cwd=tmp_path, timeout=120)
+                          env={**STARTED_WITH, "AGENTENV_NB_LIBRARY_LOG": str(log)}, cwd=tmp_path, timeout=120)
 
 
 def test_library_output_goes_to_the_log_and_one_line_says_so_where(tmp_path):

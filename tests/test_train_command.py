@@ -85,7 +85,8 @@ def test_the_command_and_notebook_03_take_one_set_of_parameters(monkeypatch):
     assert {name: args[name] for name in GRPORun.command_options()} == {
         name: getattr(GRPORun(), name) for name in GRPORun.command_options()}
     assert args["max_concurrent_envs"] is None  # sized from the config for every rank, as the notebook sizes its own
-    assert set(vars(GRPORun())) - set(GRPORun.command_options()) == {"try_day", "try_prompt"}  # the notebook's own
+    assert set(vars(GRPORun())) - set(GRPORun.command_options()) == {"eval_days", "max_new_tokens", "try_day",
+                                                                      "try_prompt"}  # the notebook's own cells
     monkeypatch.setenv("AGENTENV_NB_MAX_STEPS", "3")
     monkeypatch.setenv("AGENTENV_NB_PRESET", "16bit")
     assert from_env(GRPORun()) == GRPORun(max_steps=3, preset="16bit")  # each as its parameter's type
