@@ -30,7 +30,9 @@ def _stream_handlers() -> list[logging.StreamHandler]:
 
 
 def _written_since(path: Path, start: int) -> str:
-    return path.read_bytes()[start:].decode("utf-8", errors="replace")
+    with path.open("rb") as log:  # from ``start`` only: the file holds every earlier block of the run too
+        log.seek(start)
+        return log.read().decode("utf-8", errors="replace")
 
 
 @contextlib.contextmanager
