@@ -9,7 +9,8 @@
 # - tests/gpu/test_notebooks.py for each of GPU_PRESETS ("24gb" held to 24 GB, "16bit" to 48 GB) at once, on one
 #   generated bundle, each in its own folder: the notebooks top to bottom with SmolLM2-135M-Instruct;
 # - beside them, once "24gb"'s warm start is saved: the training command from it with GRPO's learning rate at each of
-#   GPU_LR_PROBE (e.g. "1e-4 2e-4"; empty: none), each in its own folder, for the eval curve against the preset's;
+#   GPU_LR_PROBE (e.g. "1e-4 2e-4"; empty: none), each in its own folder, for the eval curve and the greedy eval of
+#   the 200 eval days after training against the preset's;
 # - beside them, tests/gpu/test_async_grpo.py on the random Qwen3-4B shape (GPU_ASYNC_TEST=0: not run);
 # - with GPU_EXPERT_REPLAY=1, first, bench/expert_replay.py: notebook 02's replay of 2,000 expert episodes;
 # - once the notebooks are done, on the idle card: bench/gpu_grpo.py on the Qwen3-4B shape held to 24 GB, the variants
@@ -67,7 +68,8 @@ lr_probe() {  # GRPO from the "24gb" notebooks' warm start at each learning rate
   for lr in $GPU_LR_PROBE; do
     AGENTENV_NB_GPU_MEMORY_GB=24 AGENTENV_NB_LIBRARY_LOG=$WORK/lr-$lr.library.log timeout -k 10 "$(left)" \
       python3 -m agentenv_nb.train --bundle "$WORK/gridsim-gpu" --warm-start "$warm" --run-dir "$WORK/lr-$lr" \
-      --preset 24gb --sandbox process --server-processes 4 --gguf '' --set learning_rate="$lr" > "$WORK/lr-$lr.log" 2>&1 &
+      --preset 24gb --sandbox process --server-processes 4 --gguf '' --eval-days 200 --set learning_rate="$lr" \
+      > "$WORK/lr-$lr.log" 2>&1 &
   done
   wait
   say "lr probe: done"

@@ -85,8 +85,7 @@ def test_the_command_and_notebook_03_take_one_set_of_parameters(monkeypatch):
     assert {name: args[name] for name in GRPORun.command_options()} == {
         name: getattr(GRPORun(), name) for name in GRPORun.command_options()}
     assert args["max_concurrent_envs"] is None  # sized from the config for every rank, as the notebook sizes its own
-    assert set(vars(GRPORun())) - set(GRPORun.command_options()) == {"eval_days", "max_new_tokens", "try_day",
-                                                                      "try_prompt"}  # the notebook's own cells
+    assert set(vars(GRPORun())) - set(GRPORun.command_options()) == {"try_day", "try_prompt"}  # the notebook's own
     monkeypatch.setenv("AGENTENV_NB_MAX_STEPS", "3")
     monkeypatch.setenv("AGENTENV_NB_PRESET", "16bit")
     assert from_env(GRPORun()) == GRPORun(max_steps=3, preset="16bit")  # each as its parameter's type
@@ -111,6 +110,7 @@ def test_one_function_sizes_the_sessions_a_run_opens(tmp_path):
 
 @pytest.mark.slow
 def test_two_processes_train_once_then_one_resumes(tmp_path):
+    import pandas as pd
     from safetensors.torch import load_file
 
     from agentenv_nb.tasks import gridsim
@@ -121,7 +121,7 @@ def test_two_processes_train_once_then_one_resumes(tmp_path):
     run_dir, grpo = tmp_path / "run", tmp_path / "run" / "grpo"
     tiny_run = ["--bundle", bundle, "--run-dir", run_dir, "--warm-start", tiny, "--preset", "cpu-tiny",
                 "--sandbox", "process", "--server-processes", "0", "--save-steps", "1",
-                "--set", "max_completion_length=64"]  # the random model's text only costs time
+                "--max-new-tokens", "32", "--set", "max_completion_length=64"]  # the random model's text only costs time
 
     two = run([*TORCHRUN, *tiny_run, "--max-steps", "1"], tmp_path)
     assert two.returncode == 0, two.stderr[-3000:]
@@ -129,6 +129,9 @@ def test_two_processes_train_once_then_one_resumes(tmp_path):
     assert [line.split(" | ")[1].split()[0] for line in live if " | " in line] == ["eval", "loss", "eval", "run"]
     assert two.stdout.count("trained to step 1") == 2  # rank 0 alone speaks: fit's line and the command's
     assert f"2 process(es) trained to step 1; checkpoints and logs in {grpo}" in two.stdout
+    assert two.stdout.count("greedy eval on 2 eval tasks: reward ") == 1  # rank 0's, as notebook 03's
+    greedy = pd.read_csv(run_dir / "greedy-evals.csv", index_col=0)
+    assert list(greedy) == ["after GRPO"] and greedy.loc["tool_calls", "after GRPO"] >= 0
     saved = sorted(path.name for path in (grpo / "checkpoint-1").iterdir())
     assert saved.count("adapter_model.safetensors") == 1 and {"rng_state_0.pth", "rng_state_1.pth"} <= set(saved)
     logs = json.loads((grpo / "trainer_state.json").read_text())["log_history"]

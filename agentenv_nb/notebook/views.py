@@ -5,7 +5,6 @@ tools each toolset offers, the lines a reward is read against, and how a model's
     views.tools(env)                             # a row a tool of each toolset: its arguments and description
     views.score_distribution({"before SFT": rollouts})
     views.baselines(bundle, run_dir)             # an adapter's baselines, else the eval reward before training
-    views.greedy_evals(run_dir, {"after SFT": summary(rollouts)})   # a run's greedy evals, a column a stage
 """
 
 from __future__ import annotations
@@ -14,13 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentenv_nb.tasks import adapters, bundles
+from agentenv_nb.train.rollout import STAGES, greedy_evals
 
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-GREEDY_EVALS = "greedy-evals.csv"  # in RUN_DIR: the greedy eval before and after SFT (notebook 02), after GRPO (03)
-STAGES = ("before SFT", "after SFT", "after GRPO")  # the greedy evals' columns, in a run's order
 BEFORE = STAGES[0]
 
 
@@ -87,22 +85,6 @@ def baselines(bundle: str | Path, run_dir: str | Path) -> dict[str, float]:
         return found
     table = greedy_evals(run_dir)
     return {"before training": float(table.loc["reward", BEFORE])} if BEFORE in table else {}
-
-
-def greedy_evals(run_dir: str | Path, new: dict[str, dict[str, float]] | None = None) -> pd.DataFrame:
-    """A run's eval rewards played greedily (``rollout.summary`` of each), a column a stage ("before SFT", "after
-    SFT", "after GRPO"), kept in RUN_DIR/greedy-evals.csv; ``new`` stages are saved there first, replacing any of the
-    same name, so a notebook run again records its latest."""
-    import pandas as pd
-
-    path = Path(run_dir) / GREEDY_EVALS
-    table = pd.read_csv(path, index_col=0) if path.is_file() else pd.DataFrame()
-    if new:
-        table = pd.concat([table.drop(columns=list(new), errors="ignore"), pd.DataFrame(new)], axis=1)
-        table = table[sorted(table, key=lambda stage: STAGES.index(stage) if stage in STAGES else len(STAGES))]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        table.to_csv(path)
-    return table
 
 
 def reference(bundle: str | Path) -> tuple[str, dict[str, dict[int, float]]] | None:

@@ -65,6 +65,8 @@ def parser() -> argparse.ArgumentParser:
     _option(p, "report_to", choices=REPORT_TO)
     _option(p, "gguf", metavar="QUANT")  # beside the adapter and the merged model in RUN_DIR/trained
     _option(p, "push_to_hub", metavar="OWNER/NAME")
+    _option(p, "eval_days", type=_counting)  # rank 0's, after training, into RUN_DIR/greedy-evals.csv
+    _option(p, "max_new_tokens", type=_positive)
     p.add_argument("--set", action="append", default=[], type=_setting, metavar="KEY=VALUE", dest="overrides",
                    help="a GRPOConfig setting over the preset's, VALUE as JSON (else a string); e.g. "
                         "steps_per_generation=1 where the card has the room; repeatable")
@@ -172,19 +174,23 @@ def _train(args, model_name: str, serving, config, state) -> None:
     from agentenv_nb.train.fit import fit
     from agentenv_nb.train.progress import ConsoleLivePlot
     from agentenv_nb.train.ranks import close_for_ranks, envs_for_ranks
+    from agentenv_nb.train.rollout import greedy_evals, play, summary
     from agentenv_nb.tasks.bundles import toolset_count
     from agentenv_nb.train.sessions import capacity_problem, sessions_needed
 
     toolsets = toolset_count(serving.folder, args.toolsets) if serving else 1  # a pool of environments each
-    limit = args.max_concurrent_envs or (None if args.env_url else sessions_needed(config, toolsets))
+    # rank 0's greedy eval after training plays an eval batch while the trainer's environments hold their sessions
+    beside = min(args.eval_days, config.per_device_eval_batch_size)
+    needed = sessions_needed(config, toolsets, beside=beside)
+    limit = args.max_concurrent_envs or (None if args.env_url else needed)
     if limit is None:
         print(f"the env servers' session limit wasn't given, so it isn't checked: {state.num_processes} rank(s) open "
-              f"up to {sessions_needed(config, toolsets)} sessions at once (--max-concurrent-envs to check)")
-    elif problem := capacity_problem(config, limit, toolsets):
+              f"up to {needed} sessions at once (--max-concurrent-envs to check)")
+    elif problem := capacity_problem(config, limit, toolsets, beside=beside):
         raise UsageError(problem)
     else:
-        print(f"{state.num_processes} process(es) open up to {sessions_needed(config, toolsets)} env sessions at "
-              f"once; the env servers hold {limit}")
+        print(f"{state.num_processes} process(es) open up to {needed} env sessions at once; the env servers hold "
+              f"{limit}")
     try:
         env = envs_for_ranks(state, lambda: _serve(args, serving, limit), urls=args.env_url)
     except ConnectionError as error:  # an --env-url where no env server answers
@@ -199,6 +205,12 @@ def _train(args, model_name: str, serving, config, state) -> None:
                               callbacks=[env.metrics, *live])
         fit(trainer, report_to=args.report_to)  # resumes from the last checkpoint, and never past --max-steps
         trainer.save_state()  # trainer_state.json, with every log: on the main process only
+        if state.is_main_process and args.eval_days:  # as notebook 03 scores the trained model
+            played = play(trainer.model, tokenizer, env.factory, env.dataset_for("eval", first=args.eval_days),
+                          batch_size=config.per_device_eval_batch_size, max_new_tokens=args.max_new_tokens)
+            scored = greedy_evals(args.run_dir, {"after GRPO": summary(played)})["after GRPO"]
+            print(f"greedy eval on {len(played)} eval tasks: reward {scored['reward']:.3f} ± {scored['reward_std']:.3f}, "
+                  f"tool-call rate {scored['tool_call_rate']:.3f} (in {args.run_dir}/greedy-evals.csv)")
         if state.is_main_process:
             export_model(trainer.model, tokenizer, f"{args.run_dir}/trained", gguf=args.gguf,
                          push_to_hub=args.push_to_hub)

@@ -1,8 +1,9 @@
 """Play a model through ``environment_factory`` environments the way TRL's GRPOTrainer does, and keep each
-conversation: for evals outside a GRPO run (before and after SFT) and for self-distillation's rollouts.
+conversation: for greedy evals outside the trainer (before and after SFT, after GRPO) and self-distillation's rollouts.
 
     rollouts = play(model, tokenizer, env.factory, env.dataset_for("eval"), max_new_tokens=256)
     summary(rollouts)   # {"reward": ..., "tool_calls": ..., "unscored": ...}
+    greedy_evals(run_dir, {"after SFT": summary(rollouts)})   # the run's greedy evals, a column a stage
 
 The rules are TRL's: an environment's tools are its public methods but ``reset`` and ``get_reward``; ``reset``
 gets the whole row, and a string it returns is appended to the last prompt message; the model gets at most
@@ -13,10 +14,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, TypedDict
 
 from agentenv_nb.client.tools import RESERVED
 from agentenv_nb.stack import import_unsloth
+
+GREEDY_EVALS = "greedy-evals.csv"  # in RUN_DIR: the greedy eval before and after SFT (notebook 02), after GRPO (03)
+STAGES = ("before SFT", "after SFT", "after GRPO")  # the greedy evals' columns, in a run's order
 
 
 class Rollout(TypedDict):
@@ -175,3 +180,19 @@ def summary(rollouts: list[Rollout]) -> dict[str, float]:
             "tool_calls": sum(r["tool_calls"] for r in rollouts) / len(rollouts),
             "tool_call_rate": sum(r["tool_calls"] > 0 for r in rollouts) / len(rollouts),
             "unscored": sum(r["reward"] is None for r in rollouts) / len(rollouts)}
+
+
+def greedy_evals(run_dir: str | Path, new: dict[str, dict[str, float]] | None = None):
+    """A run's eval rewards played greedily (``summary`` of each), a pandas DataFrame of a column a stage ("before
+    SFT", "after SFT", "after GRPO"), kept in RUN_DIR/greedy-evals.csv; ``new`` stages are saved there first,
+    replacing any of the same name, so a stage run again records its latest."""
+    import pandas as pd
+
+    path = Path(run_dir) / GREEDY_EVALS
+    table = pd.read_csv(path, index_col=0) if path.is_file() else pd.DataFrame()
+    if new:
+        table = pd.concat([table.drop(columns=list(new), errors="ignore"), pd.DataFrame(new)], axis=1)
+        table = table[sorted(table, key=lambda stage: STAGES.index(stage) if stage in STAGES else len(STAGES))]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(path)
+    return table

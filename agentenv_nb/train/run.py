@@ -45,8 +45,8 @@ class GRPORun:
     push_to_hub: str = _parameter("", "a Hub repo (you/my-agent) for the trained model, private; needs "
                                       "HF_TOKEN")
     eval_days: int = _parameter(50, "eval tasks played greedily after training, the first ones, as notebook 02 "
-                                    "scores the warm start: give both the same", notebook_only=True)
-    max_new_tokens: int = _parameter(256, "a reply's budget in that eval, as notebook 02's", notebook_only=True)
+                                    "scores the warm start (give both the same); 0: none")
+    max_new_tokens: int = _parameter(256, "a reply's budget in that eval, as notebook 02's")
     try_day: int = _parameter(0, "the eval task notebook 03's \"Try it\" plays, by its index", notebook_only=True)
     try_prompt: str = _parameter("", "your own words for that task, in place of its prompt", notebook_only=True)
 

@@ -20,13 +20,14 @@ def sessions_needed(config, environments: int = 1, beside: int = 0) -> int:
     return environments * max(config.generation_batch_size, eval_batch) + beside
 
 
-def capacity_problem(config, max_concurrent_envs: int, environments: int = 1) -> str | None:
-    """Why servers holding ``max_concurrent_envs`` sessions in all can't hold the run's, or None when they can."""
-    needed = sessions_needed(config, environments)
+def capacity_problem(config, max_concurrent_envs: int, environments: int = 1, beside: int = 0) -> str | None:
+    """Why servers holding ``max_concurrent_envs`` sessions in all can't hold the run's (and ``beside`` more), or None
+    when they can."""
+    needed = sessions_needed(config, environments, beside)
     if max_concurrent_envs >= needed:
         return None
     ranks = config.world_size
     return (f"the env servers' max_concurrent_envs={max_concurrent_envs} is below the {needed} sessions "
             f"{'this trainer opens' if ranks == 1 else f'{ranks} ranks open'} at once (a step's rollouts or an eval "
-            "batch, whichever is larger), so the servers refuse the rest (CAPACITY_REACHED); serve with "
+            f"batch, whichever is larger{f', and {beside} for the greedy eval after training' if beside else ''}), so the servers refuse the rest (CAPACITY_REACHED); serve with "
             f"--max-concurrent-envs {needed} or more, or lower the trainer's batch")
