@@ -26,3 +26,41 @@ def test_a_model_without_vllm_is_refused_in_one_line(tmp_path):
     config = presets.async_grpo_config("cpu-tiny", output_dir=str(tmp_path))
     with pytest.raises(ValueError, match="generates on the model's own vLLM engine, and this model has none: load"):
         async_grpo_trainer(object(), None, config, env=None)
+
+
+def test_the_async_trainer_is_refused_where_it_cant_run_in_one_line():
+    from agentenv_nb.notebook.preflight import check_trainer
+    from agentenv_nb.train.launch import async_problem
+
+    gpu, cpu = presets.named("24gb"), presets.named("cpu-tiny")
+    runs = lambda: (True, "vllm imports and a CUDA GPU is visible")  # noqa: E731
+    assert async_problem(gpu, processes=1, vllm=runs) is None
+    assert "the 'cpu-tiny' preset generates without it: pick the 'grpo' trainer, or a preset that generates on vLLM " \
+           "('24gb', '16bit')" in async_problem(cpu, processes=1, vllm=runs)
+    assert "and 2 were launched: launch one" in async_problem(gpu, processes=2, vllm=runs)
+    assert "which can't run here (vllm is not installed): pick the 'grpo' trainer" in async_problem(
+        gpu, processes=1, vllm=lambda: (False, "vllm is not installed"))
+    [row] = check_trainer("async", "24gb")  # notebook 03's preflight, on this machine without vLLM
+    assert row["status"] == "fail" and row["fix"].startswith("pick the 'grpo' trainer")
+    assert check_trainer("grpo", "cpu-tiny")[0]["status"] == "ok"
+    assert check_trainer("sync", "cpu-tiny")[0]["fix"] == "TRAINER= one of grpo, async"
+
+
+def test_each_trainer_gets_its_config_and_the_sessions_it_holds(tmp_path):
+    from agentenv_nb.train.sessions import sessions_needed
+
+    config = presets.trainer_config("async", "24gb", output_dir=str(tmp_path))
+    assert type(config).__name__ == "AsyncGRPOConfig" and sessions_needed(config, beside=32) == 32 + 32
+    assert sessions_needed(config, environments=2) == 64  # a pool of rollouts in flight a class, and no eval batch
+    assert type(presets.trainer_config("grpo", "24gb", output_dir=str(tmp_path))).__name__ == "GRPOConfig"
+    with pytest.raises(ValueError, match=r"unknown trainer 'sync'; choose one of \('grpo', 'async'\)"):
+        presets.trainer_config("sync", "24gb", output_dir=str(tmp_path))
+
+
+def test_an_async_run_without_eval_points_says_so_and_the_curve_takes_it(capsys):
+    from agentenv_nb.notebook.curves import eval_curve, no_eval_loop
+
+    trained = [{"loss": 0.1, "reward": 0.5, "step": 1}, {"loss": 0.2, "reward": 0.6, "step": 2}]
+    assert no_eval_loop(trained) and eval_curve(trained).empty
+    assert "logged training steps and no eval: the async trainer has no eval loop" in capsys.readouterr().out
+    assert not no_eval_loop([*trained, {"eval_reward": 0.4, "step": 2}]) and not no_eval_loop([])

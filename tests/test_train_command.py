@@ -35,7 +35,8 @@ def test_help_and_usage_errors_in_one_line(tmp_path):
     shown = run([*TRAIN, "--help"], tmp_path)
     assert shown.returncode == 0 and "torchrun --nproc_per_node N -m agentenv_nb.train" in shown.stdout
     for option in ("--bundle", "--run-dir", "--warm-start", "--preset", "--sandbox", "--max-steps", "--save-steps",
-                   "--max-concurrent-envs", "--server-processes", "--env-url", "--report-to", "--gguf", "--push-to-hub"):
+                   "--max-concurrent-envs", "--server-processes", "--env-url", "--report-to", "--gguf", "--push-to-hub",
+                   "--trainer"):
         assert option in shown.stdout
     for args, says in [(["--max-steps", "0"], "--max-steps: '0' is not a whole number of at least 1"),
                        (["--preset", "8gb"], "argument --preset: invalid choice: '8gb'"),
@@ -44,6 +45,10 @@ def test_help_and_usage_errors_in_one_line(tmp_path):
                         "no bundle 'no-such-bundle'"),
                        (["--warm-start", tmp_path], "the '24gb' preset trains on a GPU and none is visible here"),
                        (["--warm-start", tmp_path, "--set", "fsdp=full_shard"], "FSDP can't train the '24gb' preset"),
+                       (["--warm-start", tmp_path, "--preset", "cpu-tiny", "--trainer", "async"],
+                        "the async trainer generates on the model's own vLLM, and the 'cpu-tiny' preset generates "
+                        "without it: pick --trainer grpo, or a preset that generates on vLLM"),
+                       (["--trainer", "sync"], "argument --trainer: invalid choice: 'sync'"),
                        (["--report-to", "mlflow"], "argument --report-to: invalid choice: 'mlflow'"),
                        (["--push-to-hub", "you/model"], "--push-to-hub 'you/model' needs a Hugging Face token with "
                                                         "write access: set HF_TOKEN"),

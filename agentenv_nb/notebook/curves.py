@@ -8,6 +8,7 @@ Usage::
     from agentenv_nb.notebook.curves import eval_curve, plot_eval_curve, save_eval_curve
 
     df = eval_curve("out")                   # output dir, checkpoint dir, trainer_state.json or log_history
+    no_eval_loop("out")                      # an async run's: training steps and no eval (eval_curve says so)
     eval_table(df)                           # rounded, without the columns that repeat eval_reward
     baselines = {"before training": 0.12}     # notebook.views.baselines: an adapter's, else this
     plot_eval_curve(df, baselines=baselines)
@@ -25,6 +26,8 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
+
+from agentenv_nb.train.launch import ASYNC_EVALS
 
 _EVAL_METRIC = re.compile(r"^eval_(reward|(scores|rewards)/.+/mean)$")
 
@@ -48,8 +51,9 @@ def eval_curve(source: str | Path | list[dict]) -> pd.DataFrame:
     ``source`` is a run's output or checkpoint directory, a ``trainer_state.json``, or a ``log_history`` list.
     ``eval_reward`` falls back to the mean of ``eval_rewards/*/mean`` when TRL logged only those.
     """
-    if not isinstance(source, list):
-        source = json.loads(find_trainer_state(source).read_text())["log_history"]
+    source = log_history(source)
+    if no_eval_loop(source):
+        print(f"agentenv_nb: the run logged training steps and no eval: {ASYNC_EVALS}")
     rows = [{"step": log["step"], "eval_reward": None, **{k: v for k, v in log.items() if _EVAL_METRIC.match(k)}}
             for log in source if any(_EVAL_METRIC.match(k) for k in log)]
     df = (pd.DataFrame(rows) if rows else pd.DataFrame(columns=["step", "eval_reward"])).astype(float)
@@ -57,6 +61,18 @@ def eval_curve(source: str | Path | list[dict]) -> pd.DataFrame:
     if per_env:
         df["eval_reward"] = df["eval_reward"].fillna(df[per_env].mean(axis=1))
     return df.astype({"step": int})
+
+
+def log_history(source: str | Path | list[dict]) -> list[dict]:
+    """The ``log_history`` of a run's output or checkpoint directory or ``trainer_state.json``, or ``source`` itself."""
+    return source if isinstance(source, list) else json.loads(find_trainer_state(source).read_text())["log_history"]
+
+
+def no_eval_loop(source: str | Path | list[dict]) -> bool:
+    """Whether the run trained without an eval loop, as the async trainer does (notebook 03's TRAINER="async"): it
+    logged training steps and no eval."""
+    logs = log_history(source)
+    return any("loss" in log for log in logs) and not any(_EVAL_METRIC.match(key) for log in logs for key in log)
 
 
 def repeats_reward(df: pd.DataFrame, column: str) -> bool:

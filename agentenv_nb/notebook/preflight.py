@@ -1,11 +1,12 @@
 """Preflight: the checks to pass before any GPU work starts, one row each, with the fix for each problem.
 
-GPU and free memory against the preset, installed versions against ``requirements-gpu.txt``, unsloth imported
+GPU and free memory against the preset, the trainer against the preset and vLLM, installed versions against ``requirements-gpu.txt``, unsloth imported
 before trl, the env server reachable and serving the split, the tools' schemas, thinking against the completion
 budget, the server's session limit against what the trainer opens at once, and HF and Modal credentials::
 
     from agentenv_nb.notebook.preflight import preflight
-    preflight("24gb", env=env, split="train", trainer_args=config, model="unsloth/Qwen3-4B", sandbox="modal")
+    preflight("24gb", env=env, split="train", trainer_args=config, model="unsloth/Qwen3-4B", sandbox="modal",
+              trainer="async")
 
 In a notebook the table is displayed; elsewhere each problem is printed on one line. ``strict=True`` raises
 PreflightError when any check fails. A session limit below what the trainer opens at once, which would end rollouts
@@ -28,6 +29,7 @@ from agentenv_nb.client.agentenv import describe_server
 from agentenv_nb.envs.choice import MODAL
 from agentenv_nb.envs.modal_credentials import MODAL_HOW_TO, find_modal_credentials
 from agentenv_nb.train.export import hub_problem
+from agentenv_nb.train.launch import ASYNC_EVALS, async_problem, processes_launched
 from agentenv_nb.train.presets import Preset, gpu_need_gb, named
 from agentenv_nb.train.tracking import report_to_problem
 
@@ -71,6 +73,21 @@ def check_gpu(preset: Preset | str) -> list[dict]:
            if total >= need else f"a GPU with at least {need:.0f} GB, or a smaller preset ('24gb' needs "
                                  f"{gpu_need_gb('24gb'):.0f} GB)")
     return [_row("gpu", "fail", seen, fix)]
+
+
+def check_trainer(trainer: str, preset: Preset | str) -> list[dict]:
+    """The trainer notebook 03 picks (``run.TRAINERS``) against the preset and this machine: the async trainer needs
+    vLLM and one process (``launch.async_problem``), and has no eval points (said here)."""
+    from agentenv_nb.train.run import TRAINERS
+
+    if trainer not in TRAINERS:
+        return [_row("trainer", "fail", f"unknown trainer {trainer!r}", f"TRAINER= one of {', '.join(TRAINERS)}")]
+    if trainer != "async":
+        return [_row("trainer", "ok", "TRL's GRPOTrainer (Unsloth's), evaluating every eval_steps")]
+    if problem := async_problem(named(preset), processes_launched()):
+        what, fix = problem.rsplit(": ", 1)
+        return [_row("trainer", "fail", what, fix)]
+    return [_row("trainer", "ok", f"Unsloth's AsyncGRPOTrainer on the model's own vLLM; {ASYNC_EVALS}")]
 
 
 def check_versions(preset: Preset | str, requirements: str | Path = REQUIREMENTS) -> list[dict]:
@@ -261,19 +278,21 @@ def check_push(repo: str | None) -> list[dict]:
 
 def preflight(preset: Preset | str = "24gb", env=None, split: str = "train", tokenizer=None, trainer_args=None,
               needs_hf: bool | None = None, sandbox=None, model: str | None = None, report_to: str | None = None,
-              push_to_hub: str | None = None,
+              push_to_hub: str | None = None, trainer: str | None = None,
               max_concurrent_envs: int | None = None, requirements: str | Path = REQUIREMENTS,
               strict: bool = False, show: bool = True) -> pd.DataFrame:
     """Run every check that applies and return the table (check, status ok/warn/fail, detail, fix).
 
     ``env`` is an AgentEnv or a server URL; ``trainer_args`` a GRPOConfig; ``sandbox`` a name or a Choice;
     ``report_to`` a tracking integration (``train.tracking``); ``push_to_hub`` a Hub repo (``train.export``);
+    ``trainer`` notebook 03's TRAINER ("grpo" or "async");
     ``max_concurrent_envs`` defaults to the env's own (``AgentEnv.max_concurrent_envs``: known for ``local``).
     ``show`` displays the table in a notebook, elsewhere prints a line per problem; ``strict`` raises PreflightError
     on any fail.
     """
     named(preset)  # an unknown name is refused before any check runs
     rows, environments = check_gpu(preset) + check_versions(preset, requirements) + check_import_order(), 1
+    rows += check_trainer(trainer, preset) if trainer is not None else []
     if env is not None:
         rows += check_server(env, split)
         if not isinstance(env, str):

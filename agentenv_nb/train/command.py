@@ -5,12 +5,13 @@ starts on N GPUs as data parallel (docs/scale-out.md).
     torchrun --nproc_per_node 2 -m agentenv_nb.train --run-dir runs/gridsim   # two GPUs, one model copy each
     accelerate launch --num_processes 2 -m agentenv_nb.train --env-url http://env-host:8000 --max-concurrent-envs 128
 
-The same parameters and building blocks as the notebook: ``models.load_model``, ``presets.grpo_config``,
-``AgentEnv``, ``train.grpo.GRPOTrainer`` with ``env.metrics`` and the console live view, ``fit`` (which resumes from
-the run's last checkpoint). Each rank trains on its own rows of every generation batch on its own GPU, with its own vLLM
+The same parameters and building blocks as the notebook: ``models.load_model``, ``presets.trainer_config``,
+``AgentEnv``, ``train.grpo.trainer_for`` (``--trainer``: TRL's GRPOTrainer, or Unsloth's AsyncGRPOTrainer on one GPU)
+with ``env.metrics`` and the console live view, ``fit`` (which resumes from the run's last checkpoint). Each rank trains on its own rows of every generation batch on its own GPU, with its own vLLM
 engine where the preset generates on vLLM, sized and capped on that GPU (``launch``, ``vllm_sizing``); rank 0 serves the
 envs for all ranks (``ranks``), prints the live view, and writes the metrics and checkpoints (transformers' Trainer
-saves on the main process only). A launch that can't run (FSDP with vLLM, fewer GPUs than processes) is refused first.
+saves on the main process only). A launch that can't run (FSDP with vLLM, fewer GPUs than processes, the async trainer
+without vLLM or on several processes) is refused first.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ import sys
 from pathlib import Path
 
 from agentenv_nb.train.export import hub_problem
-from agentenv_nb.train.launch import launch_problem
+from agentenv_nb.train.launch import ASYNC_EVALS, launch_problem
 from agentenv_nb.train.presets import PRESETS
-from agentenv_nb.train.run import SANDBOXES, GRPORun
+from agentenv_nb.train.run import SANDBOXES, TRAINERS, GRPORun
 from agentenv_nb.train.tracking import REPORT_TO, report_to_problem
 
 PROG = "python -m agentenv_nb.train"
@@ -52,6 +53,7 @@ def parser() -> argparse.ArgumentParser:
     _option(p, "run_dir")
     _option(p, "warm_start")
     _option(p, "preset", choices=PRESETS)
+    _option(p, "trainer", choices=TRAINERS)
     _option(p, "sandbox", choices=SANDBOXES)
     _option(p, "max_steps", type=_positive)
     _option(p, "save_steps", type=_counting)
@@ -123,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(problem.replace("PUSH_TO_HUB=", "--push-to-hub ").replace("leave PUSH_TO_HUB empty",
                                                                                    "leave --push-to-hub out"))
         model_name = warm_start(args)
-        if problem := launch_problem(args.preset, dict(args.overrides)):  # FSDP with vLLM, a GPU short
-            raise UsageError(problem)
+        # FSDP with vLLM, a GPU short, the async trainer without vLLM or on several processes
+        if problem := launch_problem(args.preset, dict(args.overrides), args.trainer):
+            raise UsageError(problem.replace("the 'grpo' trainer", "--trainer grpo"))
         serving = None if args.env_url or os.environ.get("RANK", "0") != "0" else where_to_serve(args)
         train(args, model_name, serving)
     except UsageError as error:
@@ -158,8 +161,9 @@ def train(args, model_name: str, serving) -> None:
     from agentenv_nb.train import presets
 
     # The config first: making it joins torchrun's or accelerate's process group (on a CPU too, with gloo)
-    config = presets.grpo_config(args.preset, output_dir=f"{args.run_dir}/grpo", max_steps=args.max_steps,
-                                 save_steps=args.save_steps, resume=True, **dict(args.overrides))
+    config = presets.trainer_config(args.trainer, args.preset, output_dir=f"{args.run_dir}/grpo",
+                                    max_steps=args.max_steps, save_steps=args.save_steps, resume=True,
+                                    **dict(args.overrides))
     state = PartialState()
     with contextlib.ExitStack() as quiet:
         if not state.is_main_process:  # rank 0 speaks for the run; the others' warnings and errors still reach stderr
@@ -170,7 +174,7 @@ def train(args, model_name: str, serving) -> None:
 def _train(args, model_name: str, serving, config, state) -> None:
     from agentenv_nb.train import models
     from agentenv_nb.train.export import export_model
-    from agentenv_nb.train.grpo import GRPOTrainer
+    from agentenv_nb.train.grpo import trainer_for
     from agentenv_nb.train.fit import fit
     from agentenv_nb.train.progress import ConsoleLivePlot
     from agentenv_nb.train.ranks import close_for_ranks, envs_for_ranks
@@ -178,6 +182,8 @@ def _train(args, model_name: str, serving, config, state) -> None:
     from agentenv_nb.tasks.bundles import toolset_count
     from agentenv_nb.train.sessions import capacity_problem, sessions_needed
 
+    if args.trainer == "async":
+        print(ASYNC_EVALS + ("" if args.eval_days else ", and --eval-days 0 plays none"))
     toolsets = toolset_count(serving.folder, args.toolsets) if serving else 1  # a pool of environments each
     # rank 0's greedy eval after training plays an eval batch while the trainer's environments hold their sessions
     beside = min(args.eval_days, config.per_device_eval_batch_size)
@@ -199,10 +205,7 @@ def _train(args, model_name: str, serving, config, state) -> None:
         model, tokenizer = models.load_model(model_name, args.preset)
         env.check(tokenizer)
         live = [ConsoleLivePlot()] if state.is_main_process else []  # the others' logs are the same numbers
-        trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=config,
-                              train_dataset=env.dataset, eval_dataset=env.dataset_for("eval"),
-                              environment_factory=env.factory, reward_funcs=env.reward_funcs,
-                              callbacks=[env.metrics, *live])
+        trainer = trainer_for(model, tokenizer, config, env, callbacks=[env.metrics, *live])  # --trainer's
         fit(trainer, report_to=args.report_to)  # resumes from the last checkpoint, and never past --max-steps
         trainer.save_state()  # trainer_state.json, with every log: on the main process only
         if state.is_main_process and args.eval_days:  # as notebook 03 scores the trained model

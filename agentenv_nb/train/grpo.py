@@ -10,6 +10,9 @@ model's own vLLM while this step's update runs, so a step tends to the longer of
     config = presets.async_grpo_config("24gb", output_dir="out", max_steps=40)     # or, generating ahead:
     trainer = async_grpo_trainer(model, tokenizer, config, env, callbacks=[live])  # a model loaded with vLLM
 
+    config = presets.trainer_config(TRAINER, "24gb", output_dir="out")   # TRAINER "grpo" or "async", as notebook 03
+    trainer = trainer_for(model, tokenizer, config, env, callbacks=[env.metrics, live])   # the config's trainer
+
 TRL's loop stays as it is (``max_tool_calling_iterations``, the roll-back of tool results past the completion budget,
 ``tools/call_frequency`` and ``tools/failure_frequency``): the first tool it calls in a round runs every rollout's
 calls of that round, a thread a rollout and in order within it, and each call TRL then makes gets its result, or
@@ -109,16 +112,29 @@ def async_grpo_trainer(model, processing_class, args, env, callbacks=()):
     servers' sessions. Each rollout's reward is its env's; eval and per-score metrics are GRPOTrainer's only."""
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
+    from agentenv_nb.train.sessions import capacity_problem
+
     if getattr(model, "vllm_engine", None) is None:
         raise ValueError("async_grpo_trainer generates on the model's own vLLM engine, and this model has none: load "
                          "it with a preset that generates on vLLM (fast_inference), on a GPU where vLLM imports")
     if env.rules.plain_text_replies:
         raise ValueError("plain_text_replies needs GRPOTrainer: TRL's AsyncGRPOTrainer hands reward functions no "
                          "environments, so a plain-text reply can't reach its task; make the AgentEnv without it")
-    sessions = args.max_inflight_tasks * len(env.factories)  # a pool of environments per class, each as large
-    if env.max_concurrent_envs is not None and sessions > env.max_concurrent_envs:
-        raise ValueError(f"max_inflight_tasks={args.max_inflight_tasks} rollouts in flight hold up to {sessions} env "
-                         f"sessions, and the servers hold {env.max_concurrent_envs}: serve with max_concurrent_envs="
-                         f"{sessions} or more, or lower max_inflight_tasks")
+    if env.max_concurrent_envs is not None and (
+            problem := capacity_problem(args, env.max_concurrent_envs, len(env.factories))):  # a pool a class
+        raise ValueError(problem)
     return AsyncGRPOTrainer(model=model, processing_class=processing_class, args=args, train_dataset=env.dataset,
                             environment_factory=env.factory, reward_funcs=env.reward_funcs, callbacks=list(callbacks))
+
+
+def trainer_for(model, processing_class, args, env, callbacks=()):
+    """The trainer ``args`` configures (``presets.trainer_config``) training ``model`` on ``env``'s tasks: for a
+    GRPOConfig, ``GRPOTrainer`` evaluating on the eval split every ``eval_steps``; for an AsyncGRPOConfig,
+    ``async_grpo_trainer`` (no eval loop)."""
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    if isinstance(args, AsyncGRPOConfig):
+        return async_grpo_trainer(model, processing_class, args, env, callbacks)
+    return GRPOTrainer(model=model, processing_class=processing_class, args=args, train_dataset=env.dataset,
+                       eval_dataset=env.dataset_for("eval"), environment_factory=env.factory,
+                       reward_funcs=env.reward_funcs, callbacks=list(callbacks))

@@ -7,12 +7,14 @@ that same GPU (``vllm_sizing.this_gpu``), not of the current device: accelerate'
 is built, Unsloth as the model loads, and a process that sizes vLLM before either would otherwise size GPU 0.
 
     problem(presets.named("24gb"), processes=2, gpus=1, fsdp=False)   # one line: a GPU for each process
-    launch_problem("24gb", {"fsdp": "full_shard"})                     # this process's launch: FSDP with vLLM
+    async_problem(presets.named("cpu-tiny"), processes=1)               # the async trainer generates on vLLM
+    launch_problem("24gb", {"fsdp": "full_shard"}, trainer="grpo")     # this process's launch: FSDP with vLLM
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -23,6 +25,12 @@ def processes_here() -> int:
     """The processes the launcher started on this machine (``LOCAL_WORLD_SIZE``, which torchrun and accelerate launch
     set); 1 without one."""
     return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def processes_launched() -> int:
+    """The processes of the whole launch, on every machine (``WORLD_SIZE``, which torchrun and accelerate launch
+    set); 1 without a launcher."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def fsdp_requested(settings: dict) -> bool:
@@ -54,11 +62,41 @@ def problem(preset: Preset, processes: int, gpus: int, fsdp: bool) -> str | None
     return None
 
 
-def launch_problem(preset: str, settings: dict) -> str | None:
+# What an async run shows in place of eval points, said once where it is picked (preflight, the command)
+ASYNC_EVALS = ("the async trainer has no eval loop (TRL's AsyncGRPOTrainer): no eval points by step; the greedy eval "
+               "after training is the run's figure")
+
+
+def async_problem(preset: Preset, processes: int, vllm: Callable[[], tuple[bool, str]] | None = None) -> str | None:
+    """Why the async trainer (``train.grpo.async_grpo_trainer``) can't train ``preset`` in a launch of ``processes``
+    processes, in one line saying what to pick instead; None if it can. Whether vLLM runs here is asked last, of
+    ``vllm`` (default ``stack.vllm_available``, which imports it)."""
+    from agentenv_nb.stack import vllm_available
+    from agentenv_nb.train.presets import PRESETS
+
+    if preset.on_cpu or not preset.vllm:
+        fast = ", ".join(repr(name) for name, p in PRESETS.items() if p.vllm and not p.on_cpu)
+        return (f"the async trainer generates on the model's own vLLM, and the '{preset.name}' preset generates "
+                f"without it: pick the 'grpo' trainer, or a preset that generates on vLLM ({fast}) on a GPU")
+    if processes > 1:
+        return (f"the async trainer trains in one process on one GPU (Unsloth serves that process's vLLM to TRL's "
+                f"rollout worker), and {processes} were launched: launch one, or pick the 'grpo' trainer, which "
+                "trains data parallel")
+    ok, why = (vllm or vllm_available)()
+    if not ok:
+        return (f"the async trainer generates on the model's own vLLM, which can't run here ({why}): pick the 'grpo' "
+                "trainer, which generates with transformers' generate where there is no vLLM")
+    return None
+
+
+def launch_problem(preset: str, settings: dict, trainer: str = "grpo") -> str | None:
     """``problem`` for this process's launch: its launcher's environment, the GPUs it sees, and ``settings`` (the
-    GRPOConfig's, over the preset's)."""
+    GRPOConfig's, over the preset's); then, for the "async" ``trainer``, ``async_problem`` (which imports vLLM)."""
     import torch
 
     from agentenv_nb.train.presets import named
 
-    return problem(named(preset), processes_here(), torch.cuda.device_count(), fsdp_requested(settings))
+    found = problem(named(preset), processes_here(), torch.cuda.device_count(), fsdp_requested(settings))
+    if found or trainer != "async":
+        return found
+    return async_problem(named(preset), processes_launched())

@@ -19,6 +19,7 @@ Usage::
     presets.differences(presets.PRESETS["24gb"], presets.PRESETS["cpu-tiny"])
     mine = dataclasses.replace(presets.PRESETS["24gb"], temperature=1.0, max_steps=80)   # a preset of your own
     config = presets.grpo_config(mine, output_dir="out", save_steps=10)   # a name or a Preset; imports unsloth first
+    config = presets.trainer_config("async", mine, output_dir="out")      # a trainer's config: "grpo" or "async"
     model, tokenizer = FastLanguageModel.from_pretrained(**presets.model_kwargs(mine, "qwen3-4b-gridsim-sft"))
     model = FastLanguageModel.get_peft_model(model, **presets.peft_kwargs(mine))
 """
@@ -363,6 +364,16 @@ def async_grpo_config(preset: Preset | str, **kwargs: Any):
     """A checked ``trl.experimental.async_grpo.AsyncGRPOConfig`` for ``preset`` (arguments as
     ``async_grpo_kwargs``); imports unsloth first."""
     return configs.build("AsyncGRPOConfig", async_grpo_kwargs(preset, **kwargs))
+
+
+def trainer_config(trainer: str, preset: Preset | str, **kwargs: Any):
+    """The checked config of ``trainer`` (one of ``run.TRAINERS``: "grpo", ``grpo_config``; "async",
+    ``async_grpo_config``) for ``preset``; ``train.grpo.trainer_for`` makes the trainer it configures."""
+    from agentenv_nb.train.run import TRAINERS
+
+    if trainer not in TRAINERS:
+        raise ValueError(f"unknown trainer {trainer!r}; choose one of {TRAINERS}")
+    return (async_grpo_config if trainer == "async" else grpo_config)(preset, **kwargs)
 
 
 def grpo_config(preset: Preset | str, **kwargs: Any):

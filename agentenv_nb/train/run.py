@@ -13,6 +13,7 @@ import dataclasses
 import typing
 
 SANDBOXES = ("auto", "process", "modal", "local")
+TRAINERS = ("grpo", "async")  # train.grpo.make_trainer's
 
 
 def _parameter(default, help: str, notebook_only: bool = False):
@@ -30,6 +31,10 @@ class GRPORun:
                                      "02 writes")
     preset: str = _parameter("24gb", "a name from presets.PRESETS: '24gb' (4-bit QLoRA), '16bit' (LoRA), "
                                    "'cpu-tiny'")
+    trainer: str = _parameter("grpo", "'grpo': TRL's GRPOTrainer (Unsloth's), eval points every eval_steps; 'async': "
+                                      "Unsloth's AsyncGRPOTrainer, generating the next batch on the model's own vLLM "
+                                      "while this one trains (one GPU with vLLM; no eval loop: the greedy eval after "
+                                      "training is its figure)")
     sandbox: str = _parameter("auto", "where envs run: 'auto' (chosen for the bundle), 'process', 'modal', 'local' "
                                       "(Docker)")
     max_steps: int | None = _parameter(None, "the step to train to; unset (None): the preset's max_steps")

@@ -6,7 +6,8 @@ sized from, on one GPU or many, and checked against.
 
 TRL makes one environment per rollout in flight and reuses them for training and eval, per environment class, so
 its pool grows to the larger of a generation batch (a step's rollouts, every rank's: TRL's config counts the ranks)
-and an eval batch (every rank's); ``environments`` is the number of classes of a dict ``environment_factory``. The
+and an eval batch (every rank's); ``environments`` is the number of classes of a dict ``environment_factory``. TRL's
+AsyncGRPOTrainer holds one a rollout in flight (``max_inflight_tasks``), a pool a class too, and has no eval loop. The
 trainer's environments keep their sessions after ``train()``, so anything else that plays then needs room of its own.
 """
 
@@ -17,7 +18,8 @@ def sessions_needed(config, environments: int = 1, beside: int = 0) -> int:
     """The sessions a GRPO run of ``config`` (every rank of it) opens at once, and ``beside`` more for players outside
     the trainer that play while its environments still hold theirs (a transcript after training)."""
     eval_batch = config.per_device_eval_batch_size * config.world_size if config.eval_strategy != "no" else 0
-    return environments * max(config.generation_batch_size, eval_batch) + beside
+    rollouts = getattr(config, "max_inflight_tasks", None) or config.generation_batch_size  # async's, or a step's
+    return environments * max(rollouts, eval_batch) + beside
 
 
 def capacity_problem(config, max_concurrent_envs: int, environments: int = 1, beside: int = 0) -> str | None:
