@@ -37,6 +37,8 @@ for _name in _IMPORT_NOTICES:
 # TRL warns at every GRPOTrainer built with environment_factory that the API is experimental: the kit is built on it,
 # with trl pinned (1.15.0), and its tests fail when it changes
 warnings.filterwarnings("ignore", message="You are using 'environment_factory'", category=UserWarning)
+# and at every import of trl.experimental, where its AsyncGRPOTrainer is (the async trainer, pinned the same way)
+warnings.filterwarnings("ignore", message="You are importing from 'trl.experimental'", category=UserWarning)
 
 
 def hide_broken_torchvision() -> str | None:

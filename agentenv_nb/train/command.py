@@ -7,11 +7,12 @@ starts on N GPUs as data parallel (docs/scale-out.md).
 
 The same parameters and building blocks as the notebook: ``models.load_model``, ``presets.trainer_config``,
 ``AgentEnv``, ``train.grpo.trainer_for`` (``--trainer``: TRL's GRPOTrainer, or Unsloth's AsyncGRPOTrainer on one GPU)
-with ``env.metrics`` and the console live view, ``fit`` (which resumes from the run's last checkpoint). Each rank trains on its own rows of every generation batch on its own GPU, with its own vLLM
-engine where the preset generates on vLLM, sized and capped on that GPU (``launch``, ``vllm_sizing``); rank 0 serves the
-envs for all ranks (``ranks``), prints the live view, and writes the metrics and checkpoints (transformers' Trainer
-saves on the main process only). A launch that can't run (FSDP with vLLM, fewer GPUs than processes, the async trainer
-without vLLM or on several processes) is refused first.
+with ``env.metrics`` and the console live view, ``fit`` (which resumes from the run's last checkpoint). Each rank
+trains on its own rows of every generation batch on its own GPU, with its own vLLM engine where the preset generates
+on vLLM, sized and capped on that GPU (``launch``, ``vllm_sizing``); rank 0 serves the envs for all ranks (``ranks``),
+prints the live view, and writes the metrics and checkpoints (transformers' Trainer saves on the main process only). A
+launch that can't run (FSDP with vLLM, fewer GPUs than processes, the async trainer without vLLM or on several
+processes) is refused first.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ run at once (``client.player``). https://www.agentenvframework.com/docs/training
 from __future__ import annotations
 
 import functools
+import sys
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -131,9 +132,8 @@ def trainer_for(model, processing_class, args, env, callbacks=()):
     """The trainer ``args`` configures (``presets.trainer_config``) training ``model`` on ``env``'s tasks: for a
     GRPOConfig, ``GRPOTrainer`` evaluating on the eval split every ``eval_steps``; for an AsyncGRPOConfig,
     ``async_grpo_trainer`` (no eval loop)."""
-    from trl.experimental.async_grpo import AsyncGRPOConfig
-
-    if isinstance(args, AsyncGRPOConfig):
+    async_grpo = sys.modules.get("trl.experimental.async_grpo")  # imported wherever an AsyncGRPOConfig was made
+    if async_grpo is not None and isinstance(args, async_grpo.AsyncGRPOConfig):
         return async_grpo_trainer(model, processing_class, args, env, callbacks)
     return GRPOTrainer(model=model, processing_class=processing_class, args=args, train_dataset=env.dataset,
                        eval_dataset=env.dataset_for("eval"), environment_factory=env.factory,
