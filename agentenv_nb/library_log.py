@@ -1,4 +1,4 @@
-"""What the libraries write to stderr while the kit loads, trains and saves (Unsloth's banner, vLLM's CUDA-graph
+"""What the libraries write to stderr while the kit loads, trains, plays and saves (Unsloth's banner, vLLM's CUDA-graph
 bars, transformers' notices) kept in one log file instead of a notebook's cells, where each would show as an error
 would; a line on stdout says how many lines went there, and a failure shows the last of them.
 

@@ -3,7 +3,8 @@
 # (setsid), so they outlast a run's 10 minutes, each under the deadline, logging to WORK (default /var/tmp/gpu-run).
 #
 #   setsid bash bench/gpu_session.sh DEADLINE_EPOCH_S > /var/tmp/gpu-run.log 2>&1 < /dev/null &
-#   bash bench/gpu_session.sh --collect OUT     # later: the logs and summaries into OUT, as one archive
+#   bash bench/gpu_session.sh --collect OUT     # later: the logs and summaries into OUT, one archive in parts of
+#                                               # 15 MiB (the device returns files of 16 MiB at most): cat them
 #
 # Each on the one GPU held as its own card would be:
 # - tests/gpu/test_notebooks.py for each of GPU_PRESETS ("24gb" held to 24 GB, "16bit" to 48 GB) at once, on one
@@ -21,8 +22,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-/var/tmp/gpu-run}
 if [[ ${1:-} == --collect ]]; then
-  tar -czf "$2/gpu-run.tgz" -C "$(dirname "$WORK")" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
-    --exclude=state --exclude='gridsim-gpu' --exclude='models' --exclude=q4b --exclude='*.gguf' "$(basename "$WORK")" && ls -la "$2"
+  tar -czf - -C "$(dirname "$WORK")" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' --exclude=state \
+    --exclude='gridsim-gpu' --exclude='models' --exclude=q4b --exclude='*.gguf' --exclude='tokenizer*' "$(basename "$WORK")" |
+    split -b 15M - "$2/gpu-run.tgz." && ls -la "$2"
   exit
 fi
 deadline=${1:?usage: gpu_session.sh DEADLINE_EPOCH_S | --collect OUT}

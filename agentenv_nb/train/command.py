@@ -164,7 +164,7 @@ def train(args, model_name: str, serving) -> None:
     # The config first: making it joins torchrun's or accelerate's process group (on a CPU too, with gloo)
     config = presets.trainer_config(args.trainer, args.preset, output_dir=f"{args.run_dir}/grpo",
                                     max_steps=args.max_steps, save_steps=args.save_steps, resume=True,
-                                    **dict(args.overrides))
+                                    model_name=model_name, **dict(args.overrides))
     state = PartialState()
     with contextlib.ExitStack() as quiet:
         if not state.is_main_process:  # rank 0 speaks for the run; the others' warnings and errors still reach stderr

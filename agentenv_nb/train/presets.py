@@ -102,7 +102,7 @@ class Preset:
     sft_learning_rate: float = _part("sft", 1e-4)
     sft_warmup_steps: int = _part("sft", 5)
     sft_max_length: int = _part("sft", 4096)
-    # The SFT warm start of a small model. The recipe's (one epoch at 1e-4) is made for Qwen3-4B: SmolLM2-135M-Instruct
+    # A small model's SFT warm start and GRPO. The recipe's SFT (one epoch at 1e-4) is made for Qwen3-4B: SmolLM2-135M-Instruct
     # on 200 GridSim expert demonstrations (an H200, 4-bit) called no tool after it (reward 0.0), made the calls but
     # no valid schedule after four epochs at 1e-4 (0.0), and scored 0.79 on 40 eval days after six epochs at 1e-3,
     # twice. On 100 demonstrations those six epochs taught the calls (two a rollout) but scored 0.15 in 4-bit and 0.0
@@ -110,6 +110,10 @@ class Preset:
     small_model_below: float | None = _part("small", 1e9)  # parameters; None: every model gets sft_* above
     small_sft_num_train_epochs: int = _part("small", 6)
     small_sft_learning_rate: float = _part("small", 1e-3)
+    # GRPO from that warm start ("24gb", 200 eval days, 40 steps): at the recipe's 2e-5 the sampled eval went 0.37 ->
+    # 0.48 by step 20 and the greedy one 0.764 -> 0.772; at 1e-4, 0.37 -> 0.65 and greedy 0.780; at 5e-4 it
+    # collapsed to 0 by step 13 (docs/benchmarks.md)
+    small_learning_rate: float = _part("small", 1e-4)
     # GRPOConfig's and SFTConfig's
     bf16: bool = _part("trainer", True)
     lr_scheduler_type: str = _part("trainer", "cosine")
@@ -293,9 +297,17 @@ def _shared(preset: Preset) -> dict:
     return {**_EXPLICIT, **_named_as(preset, "trainer"), "fp16": False}
 
 
+def _small(preset: Preset, model_parameters: float | None) -> bool:
+    """Whether a model of ``model_parameters`` gets ``preset``'s settings for a small model."""
+    return bool(preset.small_model_below) and model_parameters is not None and model_parameters < preset.small_model_below
+
+
 def grpo_kwargs(preset: Preset | str, output_dir: str = "outputs", max_steps: int | None = None,
-                save_steps: int | None = None, resume: bool | str = False, **overrides: Any) -> dict:
-    """The GRPOConfig arguments of a preset; ``resume=True`` picks the last checkpoint in ``output_dir``."""
+                save_steps: int | None = None, resume: bool | str = False, model_name: str | None = None,
+                **overrides: Any) -> dict:
+    """The GRPOConfig arguments of a preset; ``resume=True`` picks the last checkpoint in ``output_dir``; a
+    ``model_name`` of fewer than ``small_model_below`` parameters (counted from its config) gets the preset's
+    ``small_learning_rate``."""
     preset = named(preset)
     use_vllm = fast_inference(preset)
     kwargs = _named_as(preset, "grpo")
@@ -314,6 +326,8 @@ def grpo_kwargs(preset: Preset | str, output_dir: str = "outputs", max_steps: in
         kwargs["vllm_mode"] = "colocate"  # Unsloth's vLLM shares the model's weights in this process
     if max_steps is not None:
         kwargs["max_steps"] = max_steps
+    if model_name is not None and _small(preset, vllm_sizing.parameter_count(model_name)):
+        kwargs["learning_rate"] = preset.small_learning_rate
     if kwargs["eval_steps"] is None:
         kwargs["eval_steps"] = kwargs["max_steps"]  # evaluate at the start and at the end
     kwargs = {**kwargs, **_checkpointing(output_dir, save_steps, resume), **overrides}
@@ -336,7 +350,7 @@ def sft_kwargs(preset: Preset | str, output_dir: str = "sft-outputs", max_steps:
         "padding_free": False,
         "eval_strategy": "no",
     }
-    if preset.small_model_below and model_parameters is not None and model_parameters < preset.small_model_below:
+    if _small(preset, model_parameters):
         kwargs.update(num_train_epochs=preset.small_sft_num_train_epochs, learning_rate=preset.small_sft_learning_rate)
     if max_steps is not None:
         kwargs["max_steps"] = max_steps
@@ -344,7 +358,8 @@ def sft_kwargs(preset: Preset | str, output_dir: str = "sft-outputs", max_steps:
 
 
 def async_grpo_kwargs(preset: Preset | str, output_dir: str = "outputs", max_steps: int | None = None,
-                      save_steps: int | None = None, resume: bool | str = False, **overrides: Any) -> dict:
+                      save_steps: int | None = None, resume: bool | str = False, model_name: str | None = None,
+                      **overrides: Any) -> dict:
     """The AsyncGRPOConfig arguments of a preset (``train.grpo.async_grpo_trainer``): its GRPO settings that TRL's
     AsyncGRPOTrainer takes. That trainer has a loss of its own (each token's clipped ratio over the step's tokens:
     no loss_type, scale_rewards or beta, which the recipe sets to 0), generates ahead (``max_staleness``) instead of
@@ -352,7 +367,7 @@ def async_grpo_kwargs(preset: Preset | str, output_dir: str = "outputs", max_ste
     import_unsloth()  # before trl
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
-    kwargs = grpo_kwargs(preset, output_dir, max_steps, save_steps, resume)
+    kwargs = grpo_kwargs(preset, output_dir, max_steps, save_steps, resume, model_name)
     taken = {field.name for field in dataclasses.fields(AsyncGRPOConfig)}
     kwargs = {name: value for name, value in kwargs.items() if name in taken}
     kwargs = {**kwargs, "eval_strategy": "no", "eval_on_start": False, **overrides}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from agentenv_nb.client.tools import RESERVED
+from agentenv_nb.library_log import to_log
 from agentenv_nb.stack import import_unsloth
 
 GREEDY_EVALS = "greedy-evals.csv"  # in RUN_DIR: the greedy eval before and after SFT (notebook 02), after GRPO (03)
@@ -63,17 +64,20 @@ def play(model: Any, tokenizer: Any, factory: Callable | dict[str, Callable], ro
     rows, rollouts, training = list(rows), [], model.training
     shown = Progress("played", len(rows), "tasks") if progress and len(rows) > 1 else None
     model.eval()  # generation with the KV cache, which gradient checkpointing turns off while training
+    # What the libraries say meanwhile goes to the library log: a colocated vLLM watches every Triton kernel compiled
+    # after its warm-up, and warns on stderr of each one (Unsloth's inference kernels in generate), not a problem
     try:
-        if shown:
-            shown.update(0)
-        for start in range(0, len(rows), batch_size):
-            batch = rows[start:start + batch_size]
-            classes = [factory[row["environment"]] if isinstance(factory, dict) else factory for row in batch]
-            environments = [environment_for(cls, classes[:i].count(cls)) for i, cls in enumerate(classes)]
-            rollouts += _play_batch(model, tokenizer, environments, batch, max_tool_calling_iterations,
-                                    dict(max_new_tokens=max_new_tokens, temperature=temperature), template_kwargs)
+        with to_log(f"playing {len(rows)} task(s)"):
             if shown:
-                shown.update(len(rollouts))
+                shown.update(0)
+            for start in range(0, len(rows), batch_size):
+                batch = rows[start:start + batch_size]
+                classes = [factory[row["environment"]] if isinstance(factory, dict) else factory for row in batch]
+                environments = [environment_for(cls, classes[:i].count(cls)) for i, cls in enumerate(classes)]
+                rollouts += _play_batch(model, tokenizer, environments, batch, max_tool_calling_iterations,
+                                        dict(max_new_tokens=max_new_tokens, temperature=temperature), template_kwargs)
+                if shown:
+                    shown.update(len(rollouts))
     finally:
         model.train(training)
     return rollouts

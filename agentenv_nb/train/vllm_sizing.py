@@ -95,13 +95,18 @@ def choose_weights(capability: tuple[int, int], vllm_bytes: float, weights_16bit
     return ("16bit" if fits else "4bit"), f"{'16-bit' if fits else '4-bit'} weights: {no_fp8}; {room}"
 
 
-def weights_16bit_bytes(model_name: str) -> float:
-    """The bytes of ``model_name``'s weights in 16-bit (a folder or a Hub id), counted from its config on the meta
-    device: nothing loaded."""
+def parameter_count(model_name: str) -> int:
+    """The parameters of ``model_name`` (a folder or a Hub id), counted from its config on the meta device: nothing
+    loaded."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(model_name)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    return 2.0 * sum(parameter.numel() for parameter in model.parameters())
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
+def weights_16bit_bytes(model_name: str) -> float:
+    """The bytes of ``model_name``'s weights in 16-bit."""
+    return 2.0 * parameter_count(model_name)
