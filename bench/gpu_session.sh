@@ -7,8 +7,8 @@
 #                                               # 15 MiB (the device returns files of 16 MiB at most): cat them
 #
 # Each on the one GPU held as its own card would be:
-# - tests/gpu/test_notebooks.py for each of GPU_PRESETS ("24gb" held to 24 GB, "16bit" to 48 GB) at once, on one
-#   generated bundle, each in its own folder: the notebooks top to bottom with SmolLM2-135M-Instruct;
+# - tests/gpu/test_notebooks.py for each of GPU_PRESETS ("24gb" held to 24 GB, "16bit" to 48 GB; empty: none) at
+#   once, on one generated bundle, each in its own folder: the notebooks top to bottom with SmolLM2-135M-Instruct;
 # - beside them, once "24gb"'s warm start is saved: the training command from it with GRPO's learning rate at each of
 #   GPU_LR_PROBE (e.g. "1e-4 2e-4"; empty: none), each in its own folder, for the eval curve and the greedy eval of
 #   the 200 eval days after training against the preset's;
@@ -87,7 +87,7 @@ if [[ ${GPU_EXPERT_REPLAY:-0} == 1 ]]; then
   say "expert replay: exit $? $(cat "$WORK/expert_replay.json")"
 fi
 runs=()
-for preset in ${GPU_PRESETS:-24gb 16bit}; do
+for preset in ${GPU_PRESETS-24gb 16bit}; do  # GPU_PRESETS= : none
   notebooks "$preset" & runs+=($!)
   sleep 20  # each kernel's model loaded apart
 done
