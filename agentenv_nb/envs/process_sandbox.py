@@ -83,16 +83,16 @@ class ProcessSandbox(Sandbox):
         self._expiry = loop.call_later(ttl_seconds, lambda: asyncio.ensure_future(self.terminate()))
         self._watch = loop.call_later(_WATCH_S, self._check_alive, deaths.listener())
 
-    def _check_alive(self, reports: list[str] | None) -> None:
+    def _check_alive(self, watching: deaths.Watch | None) -> None:
         """Every ``_WATCH_S``, until it's terminated: report the process's death to its episode."""
         if self.sandbox_id not in _live:
             return
         if self.process.alive():
-            self._watch = asyncio.get_running_loop().call_later(_WATCH_S, self._check_alive, reports)
+            self._watch = asyncio.get_running_loop().call_later(_WATCH_S, self._check_alive, watching)
             return
         how = self.process.how_it_ended()
         said = f"; its output ends: {self.process.output(300).strip()!r}" if "status" in how else ""
-        deaths.report(reports, f"the env process of {self.name!r} (pid {self.process.pid}) died mid-episode: "
+        deaths.report(watching, f"the env process of {self.name!r} (pid {self.process.pid}) died mid-episode: "
                       f"{how}{said}")
 
     def host_port(self, port: int) -> int:
