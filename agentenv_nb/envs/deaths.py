@@ -17,16 +17,18 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Watch:
-    """The deaths reported to one connection's episodes, and what to call with each as it is reported."""
+    """The deaths reported to one connection's episodes, and what to call with each as it is reported, with the
+    number of the reset whose episode deployed the env that died (``resets``: the connection's resets so far)."""
 
     reports: list[str] = field(default_factory=list)
-    on_report: Callable[[str], None] | None = None
+    on_report: Callable[[str, int], None] | None = None
+    resets: int = 0
 
 
 _watches: contextvars.ContextVar[Watch | None] = contextvars.ContextVar("agentenv_nb_deaths", default=None)
 
 
-def watch(on_report: Callable[[str], None] | None = None) -> Watch:
+def watch(on_report: Callable[[str, int], None] | None = None) -> Watch:
     """Start a watch on the deaths under the episodes of this task (and the tasks it starts)."""
     started = Watch(on_report=on_report)
     _watches.set(started)
@@ -38,13 +40,14 @@ def listener() -> Watch | None:
     return _watches.get()
 
 
-def report(watching: Watch | None, message: str) -> None:
-    """Log a death, and tell it to the connection that ``watching`` belongs to."""
+def report(watching: Watch | None, message: str, reset: int = 0) -> None:
+    """Log a death, and tell it to the connection that ``watching`` belongs to; ``reset``: the number of the reset
+    whose episode deployed the env (``Watch.resets`` as the env's sandbox was made)."""
     logger.warning("%s", message)
     if watching is not None:
         watching.reports.append(message)
         if watching.on_report is not None:
-            watching.on_report(message)
+            watching.on_report(message, reset)
 
 
 def amended(text: str, reports: list[str]) -> str:

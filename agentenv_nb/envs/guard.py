@@ -61,14 +61,13 @@ class Guard:
         origin = headers.get(b"origin")
         if origin is not None and urlsplit(origin.decode("latin-1")).netloc != headers.get(b"host", b"").decode():
             return await _refuse(kind, send, 403, "a WebSocket from another origin (a web page) isn't served")
-        resets = _Resets(asyncio.current_task())
-        watching = deaths.watch(on_report=resets.died)
+        resets = _Resets(asyncio.current_task())  # and the watch on deaths under this connection's episodes
 
         async def telling_deaths(message):
             if message["type"] == "websocket.send" and message.get("text"):
                 resets.under_way = False  # this is the reset's reply, if one was under way
                 text = _ENV_URL.sub("the env's server", message["text"])  # its URL holds the episode's secret
-                message = {**message, "text": deaths.amended(text, watching.reports)}
+                message = {**message, "text": deaths.amended(text, resets.watching.reports)}
             elif message["type"] == "websocket.close" and resets.ended and resets.under_way:
                 await send(resets.error_frame())
             await send(message)
@@ -92,6 +91,8 @@ class Guard:
                     return {"type": "websocket.disconnect", "code": IDLE_CLOSE}
                 if not (problem := _bad_reset(message)):
                     resets.under_way = _reset_data(message) is not None
+                    if resets.under_way:
+                        resets.watching.resets += 1
                     return message
                 await send({"type": "websocket.send",
                             "text": json.dumps({"type": "error", "data": {"code": "INVALID_INPUT", "message": problem}})})
@@ -100,14 +101,16 @@ class Guard:
 
 
 class _Resets:
-    """The reset under way on one connection, ended at once when an env process of its episode dies: its handler's
-    task is cancelled, and the client gets an error frame saying which env died and how as the connection closes."""
+    """The reset under way on one connection, ended at once when an env process its episode deployed dies (not one
+    of the episode before, whose death may be reported as this reset starts): its handler's task is cancelled, and the
+    client gets an error frame saying which env died and how as the connection closes."""
 
     def __init__(self, task: asyncio.Task):
         self.task, self.under_way, self.ended = task, False, None
+        self.watching = deaths.watch(on_report=self.died)
 
-    def died(self, message: str) -> None:
-        if self.under_way and self.ended is None:
+    def died(self, message: str, reset: int) -> None:
+        if self.under_way and reset == self.watching.resets and self.ended is None:
             self.ended = message
             self.task.cancel()
 
