@@ -91,6 +91,7 @@ def test_a_launch_that_cant_train_is_refused_in_one_line(monkeypatch):
     assert launch.processes_here() == 3
 
 
+@pytest.mark.slow  # Unsloth's model code, in a fresh interpreter
 def test_unsloth_puts_each_rank_and_its_vllm_engine_on_the_gpu_the_kit_sizes():
     """Unsloth places a launched process's model on GPU LOCAL_RANK, modulo the GPUs it sees, and unsloth_zoo starts
     its vLLM engine there, with vLLM's external_launcher executor in the launch's own process group, wherever

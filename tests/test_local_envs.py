@@ -112,8 +112,9 @@ def write_bundle(root: Path, dockerfile_line: str = "", requirement: str = "") -
 def server(tmp_path_factory):
     """A server of three splits, each the echo bundle: ``echo`` as it is, ``badfile`` with a RUN a process can't
     run, and ``missing`` with a requirement this Python lacks. Yields its WebSocket URL."""
-    from agent_env.openenv import build_app
+    from agentenv_nb.envs.app import openenv_build_app
 
+    build_app = openenv_build_app()  # as the kit's servers import it
     root = tmp_path_factory.mktemp("bundles")
     patch = pytest.MonkeyPatch()
     patch.setenv("AGENTENV_NB_WORK_DIR", str(root / "work"))

@@ -33,6 +33,24 @@ def test_importing_the_package_and_agentenv_imports_neither_torch_nor_unsloth():
     assert done.stdout.strip() == "[]"
 
 
+@pytest.mark.slow  # a fresh interpreter
+def test_a_server_goes_without_openenvs_gradio_web_ui_and_gradio_still_imports_after():
+    """OpenEnv's server package imports its Gradio web UI where Gradio imports, seconds of CPU in each server
+    process; the kit serves no web UI, so it imports agent_env's build_app with Gradio hidden, which OpenEnv takes as
+    Gradio not installed. A user's own ``import gradio`` works as before."""
+    done = run_python("""
+        import sys
+        from agentenv_nb.envs import app
+        app.openenv_build_app()
+        from openenv.core import env_server
+        print("gradio" in sys.modules, env_server.create_web_interface_app)
+        import gradio
+        print(gradio.__name__)
+    """)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "None", "gradio"]
+
+
 def test_the_gpu_install_pins_every_dependency_of_the_package():
     """Colab installs requirements-gpu.txt, then the kit with --no-deps: a dependency missing there is an ImportError
     in the notebook."""

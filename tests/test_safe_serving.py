@@ -12,6 +12,7 @@ command and servers of AgentEnv.local on loopback, real env processes, real epis
 import asyncio
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -27,7 +28,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from agentenv_nb import settings
 from agentenv_nb.client import AgentEnv
-from agentenv_nb.client.session import Session
+from agentenv_nb.client.session import Session, SessionError
 from agentenv_nb.envs.dockerfile import ImageError
 from agentenv_nb.envs.serving import serve_in_thread
 from agentenv_nb.envs.workdir import WorkDirError
@@ -278,6 +279,55 @@ def test_a_dead_env_process_says_which_env_died_and_how(tmp_path):
         with pytest.raises(Exception, match=r"the env process of 'gridsim' \(pid \d+\) died mid-episode: killed by "
                                             "SIGKILL"):
             play.submit_schedule(schedule=[0] * 24)
+
+
+
+# An env served by uvicorn, as the process sandbox requires, that SIGKILLs itself when asked for its card: it dies as
+# the reset deploys it, after its process started and listened, as a process a kill hits at that moment does.
+_DIES_AS_IT_DEPLOYS = """import os, signal
+import uvicorn
+
+async def app(scope, receive, send):
+    if scope["type"] == "http":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+uvicorn.run(app, host="127.0.0.1", port=int(os.environ["MCP_PORT"]), lifespan="off")
+"""
+
+
+def _dying_bundle(root: Path) -> Path:
+    env = root / "envs" / "dies"
+    env.mkdir(parents=True)
+    (env / "env.toml").write_text('env_provider_type = "server"\nenvironment_name = "dies"\n')
+    (env / "server.py").write_text(_DIES_AS_IT_DEPLOYS)
+    (env / "Dockerfile").write_text('FROM python:3.11-slim\nWORKDIR /app\nCOPY server.py ./\nCMD ["python", "server.py"]\n')
+    (root / "tasks").mkdir()
+    (root / "tasks" / "deploy.json").write_text(json.dumps([
+        {"id": "env", "type": "deploy_env", "env_id": "dies"},
+        {"id": "agent", "type": "deploy_agent", "agent_name": "player", "env_ids": ["dies"], "depends_on": ["env"],
+         "system_prompt": "Call end_turn."},
+        {"id": "ask", "type": "prompt_agent", "agent_name": "player", "prompt": "Go.", "depends_on": ["agent"],
+         "poll_interval_seconds": 0.1}]))
+    return root
+
+
+def test_a_reset_whose_env_dies_as_it_deploys_fails_at_once_saying_which_env_died(tmp_path):
+    """agent_env's deploy would wait out its card timeout (180 s) for the dead process, past the client's
+    reset_timeout; the reset ends as the sandbox sees the death, and its session's slot is free for the next one."""
+    with serve_in_thread(_dying_bundle(tmp_path / "dies"), max_concurrent_envs=1) as server:
+        async def two_resets() -> list[str]:
+            session, said = Session(server.url, token=server.token, reset_timeout=60, patience=2), []
+            await session.open()
+            for _ in range(2):  # the first reset's connection closed with it: the second opens another
+                with pytest.raises(SessionError) as failed:
+                    await session.reset("all", 0)
+                said.append(str(failed.value))
+            await session.close()
+            return said
+
+        said = asyncio.run(two_resets())
+    assert all(re.search(r"answered reset with EXECUTION_ERROR: the reset failed: the env process of 'dies' "
+                         r"\(pid \d+\) died mid-episode: killed by SIGKILL$", line) for line in said), said
 
 
 UNPINNED = ("agentenv-nb-no-such-package>=1", "agentenv-nb-x @ file:///tmp/x.whl")

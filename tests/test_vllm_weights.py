@@ -69,6 +69,7 @@ def _on_a_card(monkeypatch, capability):
     monkeypatch.setattr(torch.version, "cuda", "13.0")
 
 
+@pytest.mark.slow  # imports Unsloth's model code
 def test_unsloths_on_the_fly_fp8_starts_at_compute_capability_9(monkeypatch):
     """Unsloth 2026.10.9 checks the card as vLLM loads (FastLlamaModel.from_pretrained calls this gate with
     fast_inference) and refuses below 9.0: FP8_FROM is its gate. The gate also needs torchao 0.15+ installed."""
@@ -89,6 +90,7 @@ def test_unsloths_on_the_fly_fp8_starts_at_compute_capability_9(monkeypatch):
         gate(True, fast_inference=True, load_in_4bit=True)
 
 
+@pytest.mark.slow  # imports Unsloth's model code
 def test_unsloth_asks_vllm_0_29_for_its_online_per_channel_fp8():
     """load_in_fp8=True is "row": vLLM's own online fp8 (``quantization="fp8_per_channel"``, which vLLM 0.29 lists),
     not an offline torchao copy of the model, and the training model shares those fp8 weights (FP8Linear)."""

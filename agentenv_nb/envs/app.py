@@ -7,6 +7,7 @@ filters a server needs, for any way of serving it (a thread, server processes, t
 from __future__ import annotations
 
 import logging
+import sys
 
 from agentenv_nb import settings
 from agentenv_nb.envs import tls
@@ -19,8 +20,8 @@ def build(resolved: Resolved, *, reward: Reward = None, token: str | None = None
     """The bundle's OpenEnv app, every task as the split ``all`` plus one split per eval, requiring ``token`` when
     given and closing sessions idle for AGENTENV_NB_IDLE_TIMEOUT (``guard.Guard``). ``reward``: see ``rewards``."""
     from agent_env.a2a_agent import conversation_store
-    from agent_env.openenv import build_app
 
+    build_app = openenv_build_app()
     tls.share_default_context()  # agent_env makes an httpx client a request: each would parse the CA bundle again
     # The store looks conversations up by fields only these indexes serve; without them every lookup parses every
     # conversation it holds, and a long run's episodes slow down as it grows (docs/benchmarks.md).
@@ -34,6 +35,21 @@ def build(resolved: Resolved, *, reward: Reward = None, token: str | None = None
     app = build_app(resolved.folder, reward=rule(reward), sandbox=resolved.sandbox,
                     max_concurrent_envs=resolved.max_concurrent_envs)
     return Guard(app, token, settings.get("idle_timeout"))
+
+
+def openenv_build_app():
+    """agent_env's ``build_app``, imported without the Gradio web UI that OpenEnv's server package imports whenever
+    Gradio is installed (seconds of CPU in each server process): the kit's servers serve no web UI (the guard answers
+    its routes with 404), and OpenEnv goes without it where Gradio doesn't import. Gradio imports as before after."""
+    hidden = "gradio" not in sys.modules
+    if hidden:
+        sys.modules["gradio"] = None  # importing it raises ModuleNotFoundError, which OpenEnv takes as "not installed"
+    try:
+        from agent_env.openenv import build_app
+    finally:
+        if hidden and "gradio" in sys.modules and sys.modules["gradio"] is None:
+            del sys.modules["gradio"]
+    return build_app
 
 
 def warnings_and_up(record: logging.LogRecord) -> bool:

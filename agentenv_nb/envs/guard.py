@@ -8,9 +8,10 @@
   clients that aren't browsers send none.
 - Episodes are played over ``/ws`` only, one a connection, so each counts against ``max_concurrent_envs``: OpenEnv's
   HTTP ``/reset``, ``/step``, ``/mcp`` and other WebSocket routes, which make envs past that limit, answer 404.
-- An error a ``/ws`` client gets after an env process of its episode died says which env and how (``deaths``); no
-  frame shows an env process's URL, which holds its episode's secret; a reset whose index or split is of the wrong
-  kind gets an INVALID_INPUT error frame.
+- An error a ``/ws`` client gets after an env process of its episode died says which env and how (``deaths``); a
+  reset under way when one dies ends at once with that error, and the connection with it (agent_env would wait out
+  its card timeout, 180 s, for a process that died as it deployed); no frame shows an env process's URL, which holds
+  its episode's secret; a reset whose index or split is of the wrong kind gets an INVALID_INPUT error frame.
 - A ``/ws`` session that sends nothing for ``idle_timeout`` seconds while the server waits on it is closed (code
   4408), freeing its slot; its episode ends with it.
 """
@@ -60,19 +61,26 @@ class Guard:
         origin = headers.get(b"origin")
         if origin is not None and urlsplit(origin.decode("latin-1")).netloc != headers.get(b"host", b"").decode():
             return await _refuse(kind, send, 403, "a WebSocket from another origin (a web page) isn't served")
-        reports = deaths.watch()
+        resets = _Resets(asyncio.current_task())  # and the watch on deaths under this connection's episodes
 
         async def telling_deaths(message):
             if message["type"] == "websocket.send" and message.get("text"):
+                resets.under_way = False  # this is the reset's reply, if one was under way
                 text = _ENV_URL.sub("the env's server", message["text"])  # its URL holds the episode's secret
-                message = {**message, "text": deaths.amended(text, reports)}
+                message = {**message, "text": deaths.amended(text, resets.watching.reports)}
+            elif message["type"] == "websocket.close" and resets.ended and resets.under_way:
+                await send(resets.error_frame())
             await send(message)
 
-        return await self.app(scope, self._idle_closing(receive, send), telling_deaths)
+        try:
+            return await self.app(scope, self._idle_closing(receive, send, resets), telling_deaths)
+        except asyncio.CancelledError:
+            if not resets.ended or resets.task.uncancel():  # a cancel of its own, the server's stopping, goes on
+                raise
 
-    def _idle_closing(self, receive, send):
+    def _idle_closing(self, receive, send, resets: _Resets):
         """``receive`` that closes the connection, and tells the app it closed, when the client is silent for
-        ``idle_timeout`` seconds."""
+        ``idle_timeout`` seconds; it marks a reset under way as it hands one to the app."""
         async def idle_closing():
             while True:
                 try:
@@ -82,6 +90,9 @@ class Guard:
                                 "reason": f"idle for {self.idle_timeout:g} s (AGENTENV_NB_IDLE_TIMEOUT)"})
                     return {"type": "websocket.disconnect", "code": IDLE_CLOSE}
                 if not (problem := _bad_reset(message)):
+                    resets.under_way = _reset_data(message) is not None
+                    if resets.under_way:
+                        resets.watching.resets += 1
                     return message
                 await send({"type": "websocket.send",
                             "text": json.dumps({"type": "error", "data": {"code": "INVALID_INPUT", "message": problem}})})
@@ -89,16 +100,41 @@ class Guard:
         return idle_closing
 
 
-def _bad_reset(message) -> str | None:
-    """What is wrong with a reset whose split or index isn't of the kind a task is named by, or None."""
+class _Resets:
+    """The reset under way on one connection, ended at once when an env process its episode deployed dies (not one
+    of the episode before, whose death may be reported as this reset starts): its handler's task is cancelled, and the
+    client gets an error frame saying which env died and how as the connection closes."""
+
+    def __init__(self, task: asyncio.Task):
+        self.task, self.under_way, self.ended = task, False, None
+        self.watching = deaths.watch(on_report=self.died)
+
+    def died(self, message: str, reset: int) -> None:
+        if self.under_way and reset == self.watching.resets and self.ended is None:
+            self.ended = message
+            self.task.cancel()
+
+    def error_frame(self) -> dict:
+        data = {"code": "EXECUTION_ERROR", "message": f"the reset failed: {self.ended}"}
+        return {"type": "websocket.send",
+                "text": _ENV_URL.sub("the env's server", json.dumps({"type": "error", "data": data}))}
+
+
+def _reset_data(message) -> dict | None:
+    """The data of a reset frame the client sent, or None for any other message."""
     if message.get("type") != "websocket.receive" or '"reset"' not in (message.get("text") or ""):
         return None
     try:
         frame = json.loads(message["text"])
     except ValueError:
         return None
-    data = frame.get("data") if isinstance(frame, dict) and frame.get("type") == "reset" else None
-    if not isinstance(data, dict):
+    data = frame.get("data", {}) if isinstance(frame, dict) and frame.get("type") == "reset" else None
+    return data if isinstance(data, dict) else None
+
+
+def _bad_reset(message) -> str | None:
+    """What is wrong with a reset whose split or index isn't of the kind a task is named by, or None."""
+    if (data := _reset_data(message)) is None:
         return None
     index, split = data.get("index", 0), data.get("split", "all")
     if not isinstance(index, int) or isinstance(index, bool) or index < 0:

@@ -81,19 +81,21 @@ class ProcessSandbox(Sandbox):
         self._port = port
         loop = asyncio.get_running_loop()
         self._expiry = loop.call_later(ttl_seconds, lambda: asyncio.ensure_future(self.terminate()))
-        self._watch = loop.call_later(_WATCH_S, self._check_alive, deaths.listener())
+        watching = deaths.listener()
+        self._watch = loop.call_later(_WATCH_S, self._check_alive, watching, watching.resets if watching else 0)
 
-    def _check_alive(self, reports: list[str] | None) -> None:
-        """Every ``_WATCH_S``, until it's terminated: report the process's death to its episode."""
+    def _check_alive(self, watching: deaths.Watch | None, reset: int) -> None:
+        """Every ``_WATCH_S``, until it's terminated: report the process's death to its episode (that of the
+        connection's reset number ``reset``)."""
         if self.sandbox_id not in _live:
             return
         if self.process.alive():
-            self._watch = asyncio.get_running_loop().call_later(_WATCH_S, self._check_alive, reports)
+            self._watch = asyncio.get_running_loop().call_later(_WATCH_S, self._check_alive, watching, reset)
             return
         how = self.process.how_it_ended()
         said = f"; its output ends: {self.process.output(300).strip()!r}" if "status" in how else ""
-        deaths.report(reports, f"the env process of {self.name!r} (pid {self.process.pid}) died mid-episode: "
-                      f"{how}{said}")
+        deaths.report(watching, f"the env process of {self.name!r} (pid {self.process.pid}) died mid-episode: "
+                      f"{how}{said}", reset)
 
     def host_port(self, port: int) -> int:
         return self.process.port if port == self._port else port

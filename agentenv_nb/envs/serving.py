@@ -58,7 +58,7 @@ class ServerHandle:
 
 
 SHUTDOWN_GRACE_S = 30.0  # seconds a stopping server gives the requests in flight before it cancels them: a reset
-# still deploying an env (one whose process died waits out agent_env's card timeout, 180 s) won't hold a restart
+# still deploying an env that never serves its card (agent_env waits up to 180 s for it) won't hold a restart
 
 
 def serve_in_thread(bundle: str | Path | Resolved, host: str = "127.0.0.1", port: int = 0, sandbox: str | None = None,
