@@ -259,6 +259,33 @@ def test_an_env_that_cannot_start_fails_the_start_naming_it(tmp_path):
         AgentEnv.local(_broken(tmp_path / "gridsim"))
 
 
+def test_an_env_is_tried_once_a_process_until_it_changes(tmp_path):
+    """Resolving a bundle starts each env once (the trial) in a process, and again only when one of its files changed,
+    wherever the bundle lies. The env here raises as it is imported once a flag file exists: set after the first trial,
+    the flag fails only a trial that runs again."""
+    import shutil
+    import tempfile
+
+    from agentenv_nb.envs.resolve import resolve
+
+    flag = Path(tempfile.mkdtemp(prefix="agentenv-nb-test-", dir="/var/tmp")) / "fail"  # outside an env's own /tmp
+    flag.parent.chmod(0o755)  # for the user an env process runs as
+    try:
+        bundle = _bundle(tmp_path / "gridsim")
+        server = bundle / "envs" / "gridsim" / "server.py"
+        server.write_text(f"import os\nif os.path.exists({str(flag)!r}): raise RuntimeError('tried again')\n"
+                          + server.read_text())
+        resolve(bundle, "process")
+        flag.touch()
+        resolve(bundle, "process")  # the same env: not started again
+        resolve(shutil.copytree(bundle, tmp_path / "copy"), "process")  # the same files elsewhere
+        server.write_text(server.read_text() + "# changed\n")
+        with pytest.raises(RuntimeError, match="(?s)can't start as a local process.*tried again"):
+            resolve(bundle, "process")
+    finally:
+        shutil.rmtree(flag.parent, ignore_errors=True)
+
+
 @pytest.mark.slow  # the serve command in a fresh interpreter
 def test_the_serve_command_says_an_env_cannot_start_in_one_line(tmp_path):
     failed = subprocess.run([*SERVE, str(_broken(tmp_path / "gridsim"))], capture_output=True, text=True, timeout=300)

@@ -26,7 +26,9 @@ that imported its libraries, 0 to start each as a fresh interpreter when asked; 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import shutil
+import sys
 import tempfile
 import threading
 import tomllib
@@ -196,22 +198,40 @@ def problems(bundle: str | Path, pip_install: bool | None = None) -> dict[str, s
     return found
 
 
+# The envs this process has started in a trial, by ``_started_as``: a notebook's serve cell run again, or another
+# server of the same bundle, doesn't pay an env's start-up (seconds of imports) to learn what it already knows.
+_TRIED: set[str] = set()
+
+
+def _started_as(folder: Path) -> str:
+    """What an env's start depends on: every file of its folder (its Dockerfile and code, byte for byte), whether
+    missing requirements are installed, and this Python."""
+    digest = hashlib.sha256(f"{settings.get('pip_install')}\0{sys.executable}".encode())
+    for path in sorted(found for found in folder.rglob("*") if found.is_file()):
+        digest.update(f"\0{path.relative_to(folder)}\0".encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
 def trial(bundle: str | Path) -> None:
     """Start each env of ``bundle`` once as an episode would, and stop it: raise ImageError for a requirement this
     Python lacks (installed instead with AGENTENV_NB_PIP_INSTALL=1), and EnvStartError with the env's name and output
-    when one exits or doesn't listen (an import error, say), so the server doesn't start to fail every episode."""
+    when one exits or doesn't listen (an import error, say), so the server doesn't start to fail every episode. An env
+    this process already started, unchanged, isn't started again."""
     import concurrent.futures
 
     from agentenv_nb.envs.pool import EnvStartError, Pool
     from agentenv_nb.envs.workdir import owned_prefix, share_with_envs, work_dir
 
-    timeout = settings.get("env_start_timeout")
+    timeout, scratches = settings.get("env_start_timeout"), work_dir()  # a work dir others may write is refused first
 
     async def start(image: EnvImage, name: str) -> None:
         (await Pool(image, {"ENVIRONMENT_NAME": name}, 0).take(timeout)).kill()
 
     for name, folder in bundle_envs(bundle).items():
-        scratch = Path(tempfile.mkdtemp(prefix=owned_prefix("trial"), dir=work_dir()))
+        if (started_as := _started_as(folder)) in _TRIED:
+            continue
+        scratch = Path(tempfile.mkdtemp(prefix=owned_prefix("trial"), dir=scratches))
         try:
             share_with_envs(scratch)
             read = read_dockerfile(f"envs/{name}/Dockerfile", folder, scratch / "app",
@@ -219,6 +239,7 @@ def trial(bundle: str | Path) -> None:
             image = EnvImage(f"trial:{name}", scratch / "app", read.script, read.args, read.env)
             with concurrent.futures.ThreadPoolExecutor(1) as thread:  # a loop of its own, even inside a notebook's
                 thread.submit(asyncio.run, start(image, name)).result()
+            _TRIED.add(started_as)
         except EnvStartError as e:
             raise EnvStartError(f"env {name!r} of {bundle} can't start as a local process: {e}") from None
         finally:

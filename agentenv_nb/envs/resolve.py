@@ -4,8 +4,9 @@ serving takes a ``Resolved`` and hands it down; server processes get it as JSON 
     resolved = resolve("gridsim-tiny", sandbox="process", max_concurrent_envs=16)
     serve_in_thread(resolved)        # or AgentEnv.local(resolved, ...), serve_in_processes(resolved, 4)
 
-Resolving checks every env the process sandbox would run, its requirements included, and starts each once, so a bad
-env (a Dockerfile line, a missing package, an import that raises) stops the start, not every episode. ``max_concurrent_envs`` unset is AGENTENV_NB_MAX_CONCURRENT_ENVS, else 8.
+Resolving checks every env the process sandbox would run, its requirements included, and starts each once (once a
+process, until one of its files changes), so a bad env (a Dockerfile line, a missing package, an import that raises)
+stops the start, not every episode. ``max_concurrent_envs`` unset is AGENTENV_NB_MAX_CONCURRENT_ENVS, else 8.
 """
 
 from __future__ import annotations
