@@ -7,14 +7,13 @@ It's an ``agent_env.sandbox_providers`` plugin (this package's entry point), cho
 
     agent-env run ./my-bundle --sandbox process
 
-``problems(bundle)`` says which envs of a bundle can't run so, and why. The env must deploy as one server, not
-behind a gateway: its ``envs/<name>/env.toml`` says ``env_provider_type = "server"``. Its Dockerfile must be one a
-process can be (``dockerfile.RUNS``): a line it can't run is refused by number, and a requirement this Python lacks
-is refused by name, with the command that installs it; a server checks every env so as it starts (``envs.resolve``). Each
-deploy gets a process no episode used, killed with its process group and folder when the episode ends or fails, its
-TTL passes, or the server stops (a server on a thread: ``release``); ``pool`` keeps some started ahead of need. As
-root a process gets its own /data, where a task's ``load_artifact`` stages its file for the env's data plane, and its
-own /tmp.
+``problems(bundle)`` says which envs of a bundle can't run so, and why. The env must deploy as one server, not behind a
+gateway: its ``envs/<name>/env.toml`` says ``env_provider_type = "server"``. Its Dockerfile must be one a process can be
+(``dockerfile.RUNS``): a line it can't run is refused by number, and a requirement this Python lacks is refused by name,
+with the command that installs it; a server checks every env so as it starts (``envs.resolve``). Each deploy gets a
+process no episode used, killed with its process group and folder when the episode ends or fails, its TTL passes, or the
+server stops (a server on a thread: ``release``); ``pool`` keeps some started ahead of need. As root a process gets its
+own /data, where a task's ``load_artifact`` stages its file for the env's data plane, and its own /tmp.
 
 Settings, from ``[sandbox.providers.process] config = {...}`` in ``.agentenv/config.toml`` or the environment
 (``agentenv_nb.settings``): ``pool`` (AGENTENV_NB_ENV_POOL), the processes kept ready per env, forked from a parent

@@ -213,7 +213,8 @@ def _train(args, model_name: str, serving, config, state) -> None:
             played = play(trainer.model, tokenizer, env.factory, env.dataset_for("eval", first=args.eval_days),
                           batch_size=config.per_device_eval_batch_size, max_new_tokens=args.max_new_tokens)
             scored = greedy_evals(args.run_dir, {"after GRPO": summary(played)})["after GRPO"]
-            print(f"greedy eval on {len(played)} eval tasks: reward {scored['reward']:.3f} ± {scored['reward_std']:.3f}, "
+            print(f"greedy eval on {len(played)} eval tasks: "
+                  f"reward {scored['reward']:.3f} ± {scored['reward_std']:.3f}, "
                   f"tool-call rate {scored['tool_call_rate']:.3f} (in {args.run_dir}/greedy-evals.csv)")
         if state.is_main_process:
             export_model(trainer.model, tokenizer, f"{args.run_dir}/trained", gguf=args.gguf,

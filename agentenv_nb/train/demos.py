@@ -3,7 +3,8 @@ optimum) and self-distillation's best rollouts, each a real conversation of tool
 
     demos = expert_demonstrations(adapter_for(bundle).expert(), env.factory, env.dataset)   # scored by the verifier
     train_set = sft_dataset(d for d in demos if d["reward"] == 1.0)
-    # self-distillation, as in agent-lightning's "Fine-tune with Unsloth SFT" recipe (microsoft/agent-lightning, examples/unsloth): play the model, keep the top half by reward, fine-tune, repeat
+    # self-distillation, as in agent-lightning's "Fine-tune with Unsloth SFT" recipe (microsoft/agent-lightning,
+    # examples/unsloth): play the model, keep the top half by reward, fine-tune, repeat
     rollouts, kept = self_distill_round(model, tokenizer, env, "cpu-tiny", "runs/distill-0")
 """
 

@@ -3,8 +3,8 @@
 ``torchrun --nproc_per_node N`` and ``accelerate launch --num_processes N`` start N processes on a machine and give
 each its ``LOCAL_RANK``. Unsloth loads each process's model, and with ``fast_inference`` its own vLLM engine
 (unsloth_zoo's ``external_launcher`` executor), on GPU ``LOCAL_RANK``. ``vllm_sizing`` reads and caps the memory of
-that same GPU (``vllm_sizing.this_gpu``), not of the current device: accelerate's PartialState sets the device as the GRPOConfig
-is built, Unsloth as the model loads, and a process that sizes vLLM before either would otherwise size GPU 0.
+that same GPU (``vllm_sizing.this_gpu``), not of the current device: accelerate's PartialState sets the device as the
+GRPOConfig is built, Unsloth as the model loads, and a process that sizes vLLM before either would otherwise size GPU 0.
 
     problem(presets.named("24gb"), processes=2, gpus=1, fsdp=False)   # one line: a GPU for each process
     async_problem(presets.named("cpu-tiny"), processes=1)               # the async trainer generates on vLLM

@@ -102,11 +102,11 @@ class Preset:
     sft_learning_rate: float = _part("sft", 1e-4)
     sft_warmup_steps: int = _part("sft", 5)
     sft_max_length: int = _part("sft", 4096)
-    # A small model's SFT warm start and GRPO. The recipe's SFT (one epoch at 1e-4) is made for Qwen3-4B: SmolLM2-135M-Instruct
-    # on 200 GridSim expert demonstrations (an H200, 4-bit) called no tool after it (reward 0.0), made the calls but
-    # no valid schedule after four epochs at 1e-4 (0.0), and scored 0.79 on 40 eval days after six epochs at 1e-3,
-    # twice. On 100 demonstrations those six epochs taught the calls (two a rollout) but scored 0.15 in 4-bit and 0.0
-    # in 16-bit: give it 200 or more (docs/benchmarks.md).
+    # A small model's SFT warm start and GRPO. The recipe's SFT (one epoch at 1e-4) is made for Qwen3-4B:
+    # SmolLM2-135M-Instruct on 200 GridSim expert demonstrations (an H200, 4-bit) called no tool after it (reward 0.0),
+    # made the calls but no valid schedule after four epochs at 1e-4 (0.0), and scored 0.79 on 40 eval days after six
+    # epochs at 1e-3, twice. On 100 demonstrations those six epochs taught the calls (two a rollout) but scored 0.15 in
+    # 4-bit and 0.0 in 16-bit: give it 200 or more (docs/benchmarks.md).
     small_model_below: float | None = _part("small", 1e9)  # parameters; None: every model gets sft_* above
     small_sft_num_train_epochs: int = _part("small", 6)
     small_sft_learning_rate: float = _part("small", 1e-3)
@@ -299,7 +299,8 @@ def _shared(preset: Preset) -> dict:
 
 def _small(preset: Preset, model_parameters: float | None) -> bool:
     """Whether a model of ``model_parameters`` gets ``preset``'s settings for a small model."""
-    return bool(preset.small_model_below) and model_parameters is not None and model_parameters < preset.small_model_below
+    below = preset.small_model_below
+    return bool(below) and model_parameters is not None and model_parameters < below
 
 
 def grpo_kwargs(preset: Preset | str, output_dir: str = "outputs", max_steps: int | None = None,
@@ -371,7 +372,8 @@ def async_grpo_kwargs(preset: Preset | str, output_dir: str = "outputs", max_ste
     taken = {field.name for field in dataclasses.fields(AsyncGRPOConfig)}
     kwargs = {name: value for name, value in kwargs.items() if name in taken}
     kwargs = {**kwargs, "eval_strategy": "no", "eval_on_start": False, **overrides}
-    kwargs.setdefault("max_inflight_tasks", kwargs["per_device_train_batch_size"] * kwargs["gradient_accumulation_steps"])
+    kwargs.setdefault("max_inflight_tasks",
+                      kwargs["per_device_train_batch_size"] * kwargs["gradient_accumulation_steps"])
     return kwargs
 
 

@@ -22,8 +22,8 @@ from agentenv_nb.client import AgentEnv
 def envs_for_ranks(state, serve: Callable[[], AgentEnv] | None = None, urls: list[str] | None = None,
                    split: str = "train") -> AgentEnv:
     """This rank's ``AgentEnv``: with ``urls``, every rank plays those servers (with AGENTENV_NB_TOKEN's token); else
-    rank 0 calls ``serve`` and the others play its servers, whose URLs and token they receive from rank 0. Each rank starts on a different server of the
-    list, so the ranks' first sessions don't all land on one."""
+    rank 0 calls ``serve`` and the others play its servers, whose URLs and token they receive from rank 0. Each rank
+    starts on a different server of the list, so the ranks' first sessions don't all land on one."""
     from accelerate.utils import broadcast_object_list
 
     env, token = None, None

@@ -17,9 +17,9 @@ REFERENCE: dict[str, dict[int, float]] = {
     "prime-rl": {0: 0.56, 20: 0.58, 40: 0.57},
     "NeMo RL": {0: 0.55, 20: 0.68, 40: 0.67},
 }
-"""Eval reward by GRPO step, one run per trainer: the recipe page's (https://www.agentenvframework.com/docs/training/unsloth)
-table "Qwen3-4B, eval reward on the 200 eval days". Measured on the real
-gridsim-v1 bundle with Qwen3-4B after an SFT warm start (about ±0.06 between runs), so it is a reference
+"""Eval reward by GRPO step, one run per trainer: the recipe page's
+(https://www.agentenvframework.com/docs/training/unsloth) table "Qwen3-4B, eval reward on the 200 eval days". Measured
+on the real gridsim-v1 bundle with Qwen3-4B after an SFT warm start (about ±0.06 between runs), so it is a reference
 for what a real run looks like, not a target for the tiny model."""
 
 
