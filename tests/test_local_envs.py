@@ -284,7 +284,7 @@ def test_a_missing_requirement_is_named_with_how_to_install_it(server):
 
 @pytest.mark.slow  # waits for every env process of the module to settle
 def test_no_process_or_folder_outlives_its_episode(server):
-    """100 episodes, 8 at a time: played to the end, abandoned by a reset mid-episode, or dropped by closing the
+    """48 episodes, 8 at a time (each ending 12 times): played to the end, abandoned by a reset mid-episode, or dropped by closing the
     socket after the reset or after a tool call. Then only the warm pool is left, and nothing once it's closed."""
     async def episode(number: int) -> None:
         ending = number % 4
@@ -299,8 +299,8 @@ def test_no_process_or_folder_outlives_its_episode(server):
                 await call(ws, "echo", text=TEXT)
 
     async def run():
-        for wave in range(0, 100, 8):
-            await asyncio.gather(*(episode(n) for n in range(wave, min(wave + 8, 100))))
+        for wave in range(0, 48, 8):
+            await asyncio.gather(*(episode(n) for n in range(wave, wave + 8)))
 
     work = Path(os.environ["AGENTENV_NB_WORK_DIR"])
     for pool in env_pool.pools():  # other tests' servers in this process keep pools of their own
