@@ -105,7 +105,8 @@ def test_every_wait_names_the_bound_that_ran_out(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("trainer", TRAINERS)
 def test_a_restart_costs_the_rollouts_in_flight_not_the_ones_after(answers, tiny_model, tmp_path, caplog, trainer):
-    """Seeds/000's outage table: the server stops mid-episode in step 2 and is back 2 s later."""
+    """The recipe page's outage table (https://www.agentenvframework.com/docs/training/unsloth): the server stops
+    mid-episode in step 2 and is back 2 s later."""
     server = serve_in_thread(answers, token=TOKEN, max_concurrent_envs=4)
     port, back = int(server.url.rsplit(":", 1)[1]), []
     env = AgentEnv(server.url, token=TOKEN, reset_timeout=30, patience=0.5, plain_text_replies=True)
