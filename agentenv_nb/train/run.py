@@ -13,7 +13,7 @@ import dataclasses
 import typing
 
 SANDBOXES = ("auto", "process", "modal", "local")
-TRAINERS = ("grpo", "async")  # train.grpo.make_trainer's
+TRAINERS = ("grpo", "async")  # the trainers train.grpo.trainer_for makes, by presets.trainer_config
 
 
 def _parameter(default, help: str, notebook_only: bool = False):

@@ -32,5 +32,5 @@ def capacity_problem(config, max_concurrent_envs: int, environments: int = 1, be
     return (f"the env servers' max_concurrent_envs={max_concurrent_envs} is below the {needed} sessions "
             f"{'this trainer opens' if ranks == 1 else f'{ranks} ranks open'} at once (a step's rollouts or an eval "
             f"batch, whichever is larger{f', and {beside} for the greedy eval after training' if beside else ''}), "
-            f"so the servers refuse the rest (CAPACITY_REACHED); serve with "
+            "so the servers refuse the rest (CAPACITY_REACHED); serve with "
             f"--max-concurrent-envs {needed} or more, or lower the trainer's batch")
