@@ -12,7 +12,8 @@
 # - beside them, once "24gb"'s warm start is saved: the training command from it with GRPO's learning rate at each of
 #   GPU_LR_PROBE (e.g. "1e-4 2e-4"; empty: none), each in its own folder, for the eval curve and the greedy eval of
 #   the 200 eval days after training against the preset's;
-# - beside them, tests/gpu/test_async_grpo.py on the random Qwen3-4B shape (GPU_ASYNC_TEST=0: not run);
+# - beside them, tests/gpu/test_async_grpo.py on the random Qwen3-4B shape (GPU_ASYNC_TEST=0: not run), and
+#   tests/gpu/test_vllm_play.py, play on vLLM against transformers' generate with SmolLM2 (GPU_PLAY_TEST=0: not run);
 # - with GPU_EXPERT_REPLAY=1, first, bench/expert_replay.py: notebook 02's replay of 2,000 expert episodes;
 # - once the notebooks are done, on the idle card: bench/gpu_grpo.py on the Qwen3-4B shape held to 24 GB, the variants
 #   GPU_VARIANTS names, in order, as long as the deadline allows (GPU_VARIANTS= : none).
@@ -81,6 +82,11 @@ async_test() {
       -q -p no:cacheprovider > "$WORK/async_test.log" 2>&1
   say "async test: exit $?"
 }
+play_test() {
+  timeout -k 10 "$(left)" python3 -m pytest tests/gpu/test_vllm_play.py -o addopts= -q -s -p no:cacheprovider \
+    > "$WORK/play_test.log" 2>&1
+  say "play test: exit $?"
+}
 if [[ ${GPU_EXPERT_REPLAY:-0} == 1 ]]; then
   timeout -k 10 300 python3 bench/expert_replay.py --episodes 2000 --server-processes 8 --lanes 32 \
     > "$WORK/expert_replay.json" 2> "$WORK/expert_replay.log"
@@ -93,6 +99,7 @@ for preset in ${GPU_PRESETS-24gb 16bit}; do  # GPU_PRESETS= : none
 done
 [[ -n ${GPU_LR_PROBE:-} ]] && { lr_probe & }
 [[ ${GPU_ASYNC_TEST:-1} == 1 ]] && { async_test & }
+[[ ${GPU_PLAY_TEST:-1} == 1 ]] && { play_test & }
 wait "${runs[@]}"
 say "notebooks done"
 wait  # the lr probe and the async test, which would share the card

@@ -51,8 +51,10 @@ def load_model(name: str, preset: str, stage: str = "grpo", *, corpus: Iterable[
 
             torch.set_num_threads(threads)
         full = presets.full_finetuning(preset, stage)
-        # vLLM only for GRPO: the warm start's evals and self-distillation generate with transformers
-        engine = {} if stage == "grpo" else {"fast_inference": False}
+        # vLLM where the preset generates on it, for SFT too (as Unsloth's GRPO notebooks fine-tune a fast_inference
+        # model before GRPO): the warm start's evals and self-distillation's rollouts play there. Not for a model
+        # trained in full, whose every weight vLLM would have to be handed after each step.
+        engine = {"fast_inference": False} if full else {}
         model, tokenizer = FastLanguageModel.from_pretrained(**presets.model_kwargs(preset, name, **engine),
                                                              full_finetuning=full)
         if not full:

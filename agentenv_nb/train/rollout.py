@@ -1,5 +1,7 @@
 """Play a model through ``environment_factory`` environments the way TRL's GRPOTrainer does, and keep each
 conversation: for greedy evals outside the trainer (before and after SFT, after GRPO) and self-distillation's rollouts.
+A model loaded with Unsloth's colocated vLLM (``fast_inference``) generates there, from its current LoRA weights;
+any other with transformers' ``generate`` (``generator``).
 
     rollouts = play(model, tokenizer, env.factory, env.dataset_for("eval"), max_new_tokens=256)
     summary(rollouts)   # {"reward": ..., "tool_calls": ..., "unscored": ...}
@@ -12,7 +14,9 @@ gets the whole row, and a string it returns is appended to the last prompt messa
 
 from __future__ import annotations
 
+import functools
 import inspect
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypedDict
@@ -49,8 +53,8 @@ _POOLS: dict[type, list[Any]] = {}
 def play(model: Any, tokenizer: Any, factory: Callable | dict[str, Callable], rows: Iterable[dict], *,
          max_tool_calling_iterations: int = 2, max_new_tokens: int = 256, temperature: float = 0.0,
          batch_size: int = 8, chat_template_kwargs: dict | None = None, progress: bool = True) -> list[Rollout]:
-    """Play every row's task with ``model``, ``batch_size`` rollouts at a time (greedy at temperature 0), showing
-    how many are done and the time left (``progress``)."""
+    """Play every row's task with ``model``, ``batch_size`` rollouts at a time (greedy at temperature 0), on the
+    engine ``generator`` picks, showing how many are done and the time left (``progress``)."""
     import_unsloth()  # before trl, so Unsloth patches it first
     from trl.chat_template_utils import add_response_schema, get_training_chat_template
 
@@ -65,7 +69,8 @@ def play(model: Any, tokenizer: Any, factory: Callable | dict[str, Callable], ro
     shown = Progress("played", len(rows), "tasks") if progress and len(rows) > 1 else None
     model.eval()  # generation with the KV cache, which gradient checkpointing turns off while training
     # What the libraries say meanwhile goes to the library log: a colocated vLLM watches every Triton kernel compiled
-    # after its warm-up, and warns on stderr of each one (Unsloth's inference kernels in generate), not a problem
+    # after its warm-up, and warns on stderr of each one (Unsloth's inference kernels in generate), and notes each LoRA
+    # it is handed
     try:
         with to_log(f"playing {len(rows)} task(s)"):
             if shown:
@@ -81,6 +86,12 @@ def play(model: Any, tokenizer: Any, factory: Callable | dict[str, Callable], ro
     finally:
         model.train(training)
     return rollouts
+
+
+def generator(model: Any) -> str:
+    """The engine ``play`` generates ``model``'s replies on: "vllm" where it was loaded with Unsloth's colocated
+    vLLM (``fast_inference=True``: it has a ``vllm_engine``), else "transformers" (``generate``)."""
+    return "vllm" if getattr(model, "vllm_engine", None) is not None else "transformers"
 
 
 def environment_for(cls: Callable, slot: int) -> Any:
@@ -122,17 +133,32 @@ def _play_batch(model, tokenizer, environments, rows, iterations, sampling, temp
 
 
 def _generate(model, tokenizer, rollouts, sampling, template_kwargs) -> list[dict]:
-    """One reply for each rollout's conversation so far, generated as one left-padded batch."""
-    import torch
+    """One reply for each rollout's conversation so far, generated as one batch on ``generator(model)``'s engine,
+    cut at the first stop token and parsed into a message by TRL."""
     from trl.chat_template_utils import parse_response
 
     prompts = [tokenizer.apply_chat_template(r["messages"], tools=r["tools"], add_generation_prompt=True,
                                              tokenize=False, **template_kwargs) for r in rollouts]
-    side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    try:
-        inputs = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-    finally:
-        tokenizer.padding_side = side
+    prompts_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    stops = stop_ids(model, tokenizer)
+    generate = _on_vllm if generator(model) == "vllm" else _on_transformers
+    return [parse_response(tokenizer, _until_stop(ids, stops), prefix=prefix)
+            for ids, prefix in zip(generate(model, tokenizer, prompts_ids, sampling, stops), prompts_ids)]
+
+
+def stop_ids(model, tokenizer) -> set[int]:
+    """The tokens a reply ends at: the tokenizer's EOS and PAD, and every EOS of the model's generation config
+    (those transformers' ``generate`` stops at)."""
+    ends = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ends = [ends] if isinstance(ends, int) else list(ends or ())
+    return {token for token in (tokenizer.pad_token_id, tokenizer.eos_token_id, *ends) if token is not None}
+
+
+def _on_transformers(model, tokenizer, prompts_ids, sampling, stops) -> list[list[int]]:
+    """The generated ids of each prompt, from transformers' ``generate`` on one left-padded batch."""
+    import torch
+
+    inputs = tokenizer.pad({"input_ids": prompts_ids}, padding_side="left", return_tensors="pt").to(model.device)
     greedy = sampling["temperature"] <= 0
     with torch.no_grad():
         # max_length=None: Unsloth sets the model's generation_config.max_length to its sequence length, and
@@ -141,12 +167,34 @@ def _generate(model, tokenizer, rollouts, sampling, template_kwargs) -> list[dic
                                 do_sample=not greedy,
                                 temperature=None if greedy else sampling["temperature"],
                                 pad_token_id=tokenizer.pad_token_id)
-    width = inputs["input_ids"].shape[1]
-    stops = {tokenizer.pad_token_id, tokenizer.eos_token_id}
-    prompts_ids = [[i for i, keep in zip(ids, mask) if keep]  # without the left padding
-                   for ids, mask in zip(inputs["input_ids"].tolist(), inputs["attention_mask"].tolist())]
-    return [parse_response(tokenizer, _until_stop(ids, stops), prefix=prefix)
-            for ids, prefix in zip(output[:, width:].tolist(), prompts_ids)]
+    return output[:, inputs["input_ids"].shape[1]:].tolist()
+
+
+@functools.cache
+def _lora_folder() -> str:
+    """This process's own folder for the adapter config Unsloth's ``load_lora`` writes beside the tensors it hands
+    vLLM (made private, so no one else's file reaches vLLM)."""
+    return tempfile.mkdtemp(prefix="agentenv_nb-lora-")
+
+
+def _on_vllm(model, tokenizer, prompts_ids, sampling, stops) -> list[list[int]]:
+    """The generated ids of each prompt, from the model's colocated vLLM engine and its CURRENT LoRA weights: vLLM
+    holds the base weights only, and Unsloth's ``load_lora(..., load_tensors=True)`` makes a LoRA request of the
+    adapter's tensors as they are now, as Unsloth's GRPOTrainer does before each generation. It stops where
+    transformers' ``generate`` would (``stops``, not vLLM's own EOS list), samples as it would (the model's
+    generation config's top-k and top-p), and is greedy at temperature 0."""
+    from vllm import SamplingParams
+
+    greedy = sampling["temperature"] <= 0
+    config = model.generation_config
+    drawn = {} if greedy else {"top_k": config.top_k or 0, "top_p": config.top_p or 1.0}
+    params = SamplingParams(temperature=0.0 if greedy else sampling["temperature"], **drawn,
+                            max_tokens=sampling["max_new_tokens"], ignore_eos=True, stop_token_ids=sorted(stops),
+                            detokenize=False)  # parse_response decodes the ids
+    lora = model.load_lora(_lora_folder(), load_tensors=True) if hasattr(model, "peft_config") else None
+    outputs = model.fast_generate([{"prompt_token_ids": ids} for ids in prompts_ids], sampling_params=params,
+                                  lora_request=lora, use_tqdm=False)
+    return [list(output.outputs[0].token_ids) for output in outputs]
 
 
 def _until_stop(ids: list[int], stops: set[int]) -> list[int]:
