@@ -63,7 +63,11 @@ from agentenv_nb.tasks.gridsim import battery, write_bundle  # noqa: E402
 # trl variant loads its own way)
 WEIGHTS = {"kit": None, "kit-fp8": "fp8", "kit-16bit": "16bit", "kit-async": None, "bare": None, "trl": None}
 VARIANTS = tuple(WEIGHTS)
-LOGGED = ("tools/call_frequency", "completions/mean_length", "reward", "loss")
+# What the trainer logs that a step's row keeps; the async trainer's own: the rollouts a step trained on (its token
+# budget packs them, so not always per_device_train_batch_size x gradient_accumulation_steps), those waiting in its
+# queue, and how long the step waited for one (0: the update, not generation, was what the step waited on)
+LOGGED = ("tools/call_frequency", "completions/mean_length", "reward", "loss", "batch/samples_per_step",
+          "sample/rollout_queue_size", "perf/rollout_wait_s")
 
 
 def peaks() -> dict:
@@ -421,9 +425,18 @@ def in_own_process(name: str, args) -> dict:
     result.setdefault("wall_s", time.perf_counter() - start)
     print("\n".join(lines[-15:]), flush=True)
     result = {**summary(result["steps"]), **result, "weights": loaded_weights(result)}
-    if result.get("steady_step_s") and result.get("rollouts_per_step"):
-        result["rollouts_per_s"] = result["rollouts_per_step"] / result["steady_step_s"]
+    result["rollouts_per_s"] = rollouts_per_s(result)
     return result
+
+
+def rollouts_per_s(result: dict) -> float | None:
+    """The rollouts trained on a second over the steady steps: as each step logged them where the trainer does (the
+    async trainer's), else the configured rollouts a step."""
+    steady = result["steps"][1:] or result["steps"]
+    seconds = sum(step["step_s"] for step in steady)
+    if steady and all(step.get("batch/samples_per_step") for step in steady):
+        return sum(step["batch/samples_per_step"] for step in steady) / seconds
+    return result.get("rollouts_per_step") and seconds and result["rollouts_per_step"] * len(steady) / seconds
 
 
 def run_variant(name: str, run, args, report=None) -> dict:
@@ -492,7 +505,8 @@ COLUMNS = [("variant", "variant", 0), ("weights", "weights", 0), ("step", "step"
            ("peak reserved GiB", "peak_reserved_gib", 2), ("device peak GiB", "device_peak_gib", 2),
            ("process peak GiB", "process_peak_gib", 2),
            ("tool calls", "tools/call_frequency", 2), ("completion len", "completions/mean_length", 0),
-           ("rollouts/s", "rollouts_per_s", 2)]
+           ("rollouts", "batch/samples_per_step", 0), ("queued", "sample/rollout_queue_size", 1),
+           ("waited s", "perf/rollout_wait_s", 2), ("rollouts/s", "rollouts_per_s", 2)]
 
 
 def markdown(columns: list[tuple], results: list[dict]) -> list[str]:

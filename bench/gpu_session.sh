@@ -16,7 +16,9 @@
 #   tests/gpu/test_vllm_play.py, play on vLLM against transformers' generate with SmolLM2 (GPU_PLAY_TEST=0: not run);
 # - with GPU_EXPERT_REPLAY=1, first, bench/expert_replay.py: notebook 02's replay of 2,000 expert episodes;
 # - once the notebooks are done, on the idle card: bench/gpu_grpo.py on the Qwen3-4B shape held to 24 GB, the variants
-#   GPU_VARIANTS names, in order, as long as the deadline allows (GPU_VARIANTS= : none).
+#   GPU_VARIANTS names, in order, as long as the deadline allows (GPU_VARIANTS= : none); runs of their own apart by
+#   ";", each its variants and gpu_grpo.py's options (a --tag each: each run's report is grpo_24gb<tag>.json), e.g.
+#   GPU_VARIANTS="bare,kit; kit-16bit --load gpu_memory_utilization=0.11 --tag _kv; kit-async --set token_budget=0 --tag _tb"
 # With GPU_SESSION=scale instead, on a machine of two GPUs: bench/gpu_scale.py, the training command on one GPU and
 # then on two under torchrun, each GPU held to 24 GB, the preset's vLLM on each rank (WORK/scale, WORK/scale.json).
 set -uo pipefail
@@ -105,6 +107,12 @@ say "notebooks done"
 wait  # the lr probe and the async test, which would share the card
 [[ -n ${GPU_VARIANTS-bare,kit,kit-16bit} ]] || { say done; exit; }
 [[ -f $WORK/q4b/config.json ]] || q4b
-OUT=$WORK timeout -k 10 $(($(left) - 20)) python3 bench/gpu_grpo.py --model "$WORK/q4b" \
-  --variants "${GPU_VARIANTS:-bare,kit,kit-16bit}" --budget-s "${GPU_VARIANT_BUDGET_S:-60}" > "$WORK/grpo.log" 2>&1
-say "grpo: exit $?; done"
+IFS=';' read -ra grpo_runs <<< "${GPU_VARIANTS:-bare,kit,kit-16bit}"
+for run in "${grpo_runs[@]}"; do  # "VARIANTS [gpu_grpo.py's options]", e.g. "kit-16bit --load KEY=VALUE --tag _kv"
+  read -r variants options <<< "$run"
+  # shellcheck disable=SC2086  # the run's options, split as written
+  OUT=$WORK timeout -k 10 $(($(left) - 20)) python3 bench/gpu_grpo.py --model "$WORK/q4b" --variants "$variants" \
+    --budget-s "${GPU_VARIANT_BUDGET_S:-60}" $options >> "$WORK/grpo.log" 2>&1
+  say "grpo $run: exit $?"
+done
+say done

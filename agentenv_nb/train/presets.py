@@ -364,7 +364,9 @@ def async_grpo_kwargs(preset: Preset | str, output_dir: str = "outputs", max_ste
     """The AsyncGRPOConfig arguments of a preset (``train.grpo.async_grpo_trainer``): its GRPO settings that TRL's
     AsyncGRPOTrainer takes. That trainer has a loss of its own (each token's clipped ratio over the step's tokens:
     no loss_type, scale_rewards or beta, which the recipe sets to 0), generates ahead (``max_staleness``) instead of
-    ``steps_per_generation``, and has no eval loop. Rollouts in flight, each an env session: a step's."""
+    ``steps_per_generation``, and has no eval loop. Its step trains on the rollouts its ``token_budget`` packs into
+    ``gradient_accumulation_steps`` rows of at most vLLM's ``max_model_len`` tokens: 8, not 32, on the Qwen3-4B
+    shape's 1,024-token completions (docs/benchmarks.md). Rollouts in flight, each an env session: a step's."""
     import_unsloth()  # before trl
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
