@@ -30,8 +30,10 @@ def test_vllm_play_hands_vllm_the_lora_as_the_pinned_unsloth_grpo_does():
 
     import_unsloth()  # unsloth_zoo refuses to import before unsloth
 
-    def source(module: str) -> str:
-        return Path(importlib.util.find_spec(module).origin).read_text()
+    def source(module: str) -> str:  # found from its top package: importing unsloth.models would patch TRL's
+        top, *rest = module.split(".")  # trainers for this process's other tests
+        folder = Path(importlib.util.find_spec(top).origin).parent
+        return folder.joinpath(*rest[:-1], rest[-1] + ".py").read_text()
 
     assert "def load_lora(model, save_directory, load_tensors = False, lora_request_id = None):" in source(
         "unsloth_zoo.vllm_utils")
