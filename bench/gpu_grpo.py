@@ -334,8 +334,7 @@ def run_kit_async(args, timer: StepTimer, result: dict) -> None:
         env.check(tokenizer)
         config = presets.async_grpo_config(variant_preset(args), **{k: v for k, v in args.overrides.items()
                                                                     if k in taken})
-        result["max_inflight_tasks"] = config.max_inflight_tasks
-        result["rollouts_per_step"] = config.per_device_train_batch_size * config.gradient_accumulation_steps
+        result["max_inflight_tasks"] = config.max_inflight_tasks  # its rollouts a step: as its steps log them
         if engine := getattr(model, "vllm_engine", None):  # the engine thread's steps, overlapping the update
             engine.llm_engine.step = timer.gen.wrap(type(engine.llm_engine).step.__get__(engine.llm_engine))
         trainer = async_grpo_trainer(model, tokenizer, config, env, callbacks=[timer])

@@ -104,10 +104,11 @@ done
 [[ ${GPU_PLAY_TEST:-1} == 1 ]] && { play_test & }
 wait "${runs[@]}"
 say "notebooks done"
-wait  # the lr probe and the async test, which would share the card
-[[ -n ${GPU_VARIANTS-bare,kit,kit-16bit} ]] || { say done; exit; }
+wait  # the lr probe and the async and play tests, which would share the card
+grpo=${GPU_VARIANTS-bare,kit,kit-16bit}
+[[ -n $grpo ]] || { say done; exit; }
 [[ -f $WORK/q4b/config.json ]] || q4b
-IFS=';' read -ra grpo_runs <<< "${GPU_VARIANTS:-bare,kit,kit-16bit}"
+IFS=';' read -ra grpo_runs <<< "$grpo"
 for run in "${grpo_runs[@]}"; do  # "VARIANTS [gpu_grpo.py's options]", e.g. "kit-16bit --load KEY=VALUE --tag _kv"
   read -r variants options <<< "$run"
   # shellcheck disable=SC2086  # the run's options, split as written
