@@ -9,9 +9,9 @@
 # Each on the one GPU held as its own card would be:
 # - tests/gpu/test_notebooks.py for each of GPU_PRESETS ("24gb" held to 24 GB, "16bit" to 48 GB; empty: none) at
 #   once, on one generated bundle, each in its own folder: the notebooks top to bottom with SmolLM2-135M-Instruct;
-# - beside them, once "24gb"'s warm start is saved: the training command from it with GRPO's learning rate at each of
-#   GPU_LR_PROBE (e.g. "1e-4 2e-4"; empty: none), each in its own folder, for the eval curve and the greedy eval of
-#   the 200 eval days after training against the preset's;
+# - beside them, once "24gb"'s warm start is saved: the training command from it with each GRPO setting of
+#   GPU_PROBES over the preset's (KEY=VALUE words, e.g. "learning_rate=2e-4 temperature=0.7"; empty: none), each in its
+#   own folder, for the eval curve and the greedy eval of the 200 eval days after training against the notebook's;
 # - beside them, tests/gpu/test_async_grpo.py on the random Qwen3-4B shape (GPU_ASYNC_TEST=0: not run), and
 #   tests/gpu/test_vllm_play.py, play on vLLM against transformers' generate with SmolLM2 (GPU_PLAY_TEST=0: not run);
 # - with GPU_EXPERT_REPLAY=1, first, bench/expert_replay.py: notebook 02's replay of 2,000 expert episodes;
@@ -66,18 +66,18 @@ notebooks() {  # notebooks PRESET: the four notebooks on PRESET, logged to WORK/
     > "$WORK/$1.log" 2>&1
   say "notebooks $1: exit $?"
 }
-lr_probe() {  # GRPO from the "24gb" notebooks' warm start at each learning rate of GPU_LR_PROBE
+probes() {  # GRPO from the "24gb" notebooks' warm start with each setting of GPU_PROBES
   local warm=$WORK/24gb/run/sft/merged
   until [[ -f $WORK/24gb/02_sft_warm_start.ipynb ]] || (($(left) < 400)); do sleep 10; done  # notebook 02 done
-  [[ -f $warm/config.json ]] || { say "lr probe: no warm start"; return; }
-  for lr in $GPU_LR_PROBE; do
-    AGENTENV_NB_GPU_MEMORY_GB=24 AGENTENV_NB_LIBRARY_LOG=$WORK/lr-$lr.library.log timeout -k 10 "$(left)" \
-      python3 -m agentenv_nb.train --bundle "$WORK/gridsim-gpu" --warm-start "$warm" --run-dir "$WORK/lr-$lr" \
-      --preset 24gb --sandbox process --server-processes 4 --gguf '' --eval-days 200 --set learning_rate="$lr" \
-      > "$WORK/lr-$lr.log" 2>&1 &
+  [[ -f $warm/config.json ]] || { say "probes: no warm start"; return; }
+  for setting in $GPU_PROBES; do
+    AGENTENV_NB_GPU_MEMORY_GB=24 AGENTENV_NB_LIBRARY_LOG=$WORK/$setting.library.log timeout -k 10 "$(left)" \
+      python3 -m agentenv_nb.train --bundle "$WORK/gridsim-gpu" --warm-start "$warm" --run-dir "$WORK/$setting" \
+      --preset 24gb --sandbox process --server-processes 4 --gguf '' --eval-days 200 --set "$setting" \
+      > "$WORK/$setting.log" 2>&1 &
   done
   wait
-  say "lr probe: done"
+  say "probes: done"
 }
 async_test() {
   q4b && AGENTENV_NB_GPU_MODEL=$WORK/q4b timeout -k 10 "$(left)" python3 -m pytest tests/gpu/test_async_grpo.py -o addopts= \
@@ -99,12 +99,12 @@ for preset in ${GPU_PRESETS-24gb 16bit}; do  # GPU_PRESETS= : none
   notebooks "$preset" & runs+=($!)
   sleep 20  # each kernel's model loaded apart
 done
-[[ -n ${GPU_LR_PROBE:-} ]] && { lr_probe & }
+[[ -n ${GPU_PROBES:-} ]] && { probes & }
 [[ ${GPU_ASYNC_TEST:-1} == 1 ]] && { async_test & }
 [[ ${GPU_PLAY_TEST:-1} == 1 ]] && { play_test & }
 wait "${runs[@]}"
 say "notebooks done"
-wait  # the lr probe and the async and play tests, which would share the card
+wait  # the probes and the async and play tests, which would share the card
 grpo=${GPU_VARIANTS-bare,kit,kit-16bit}
 [[ -n $grpo ]] || { say done; exit; }
 [[ -f $WORK/q4b/config.json ]] || q4b
