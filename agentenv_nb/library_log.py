@@ -1,9 +1,11 @@
 """What the libraries write to stderr while the kit loads, trains, plays and saves (Unsloth's banner, vLLM's CUDA-graph
 bars, transformers' notices) kept in one log file instead of a notebook's cells, where each would show as an error
-would; a line on stdout says how many lines went there, and a failure shows the last of them.
+would; a line on stdout says how many lines went there, and a failure shows the last of them. In a notebook, what
+they display goes there too (as text): tqdm draws their progress bars there as widgets (vLLM's weight loading,
+transformers' GGUF reading), which a saved notebook reopens as "Error displaying widget".
 
-    with to_log("training"):     # "agentenv_nb: the libraries wrote 12 lines while training, in agentenv_nb.log"
-        trainer.train()
+    with to_log("loading the model"):     # "agentenv_nb: the libraries wrote 12 lines while loading the model, in ..."
+        model = FastLanguageModel.from_pretrained(...)
 
 The file is ``AGENTENV_NB_LIBRARY_LOG`` (default ``agentenv_nb.log`` in the working folder), appended to.
 """
@@ -35,10 +37,21 @@ def _written_since(path: Path, start: int) -> str:
         return log.read().decode("utf-8", errors="replace")
 
 
+def _displays_held():
+    """In an IPython shell, a block whose displays are held back (``.outputs``) instead of shown in the cell."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None or ipython.get_ipython() is None:
+        return contextlib.nullcontext()
+    from IPython.utils.capture import capture_output
+
+    return capture_output(stdout=False, stderr=False, display=True)
+
+
 @contextlib.contextmanager
-def to_log(what: str):
+def to_log(what: str, keep_displays: bool = False):
     """Send stderr, and every logging handler writing to it, to the library log while the block runs (``what``
-    names it in the log and the summary line); transformers' progress bars, widgets in a notebook, are off."""
+    names it in the log and the summary line); transformers' progress bars are off, and in a notebook what the block
+    displays goes to the log as text, unless ``keep_displays`` (a block showing the kit's own progress or plot)."""
     from transformers.utils import logging as transformers_logging
 
     path = Path(settings.get("library_log"))
@@ -53,8 +66,9 @@ def to_log(what: str):
         moved = {handler: handler.stream for handler in _stream_handlers() if handler.stream in consoles}
         for handler in moved:
             handler.setStream(log)
+        held, displayed = (contextlib.nullcontext() if keep_displays else _displays_held()), None
         try:
-            with contextlib.redirect_stderr(log):
+            with contextlib.redirect_stderr(log), held as displayed:
                 yield
         except Exception:
             log.flush()
@@ -68,7 +82,9 @@ def to_log(what: str):
                     handler.setStream(moved.get(handler, sys.stderr))
             if bars_were_on:
                 transformers_logging.enable_progress_bar()
+            for output in getattr(displayed, "outputs", ()):
+                log.write(output.data.get("text/plain", "a display with no text").rstrip("\n") + "\n")
         log.flush()
         written = _written_since(path, start).count("\n")
     if written:
-        print(f"agentenv_nb: the libraries wrote {written} lines while {what}, in {path}")
+        print(f"agentenv_nb: the libraries wrote {written} line{'' if written == 1 else 's'} while {what}, in {path}")

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from .conftest import STARTED_WITH
 
 LIBRARIES = """
@@ -66,3 +68,38 @@ def test_a_failure_shows_the_libraries_last_lines_and_still_raises(tmp_path):
     assert lines[:2] == [f"agentenv_nb: the libraries' last lines while loading the model, from "
                          f"{tmp_path / 'library.log'}:", "[transformers] what led up to it"]
     assert lines[-1] == "RuntimeError: out of memory"
+
+
+@pytest.mark.slow  # a kernel
+def test_in_a_notebook_a_librarys_progress_widget_goes_to_the_log_and_the_kits_own_displays_stay(tmp_path):
+    """tqdm.auto draws a library's bar as a widget in a kernel (vLLM's weight loading, transformers' GGUF reading),
+    which the saved notebook reopens as "Error displaying widget"; the block's summary line and the kit's own
+    displays (a block that keeps them: its progress line, its live plot) stay in the cell."""
+    import nbformat
+    from jupyter_client import KernelManager
+    from nbclient import NotebookClient
+
+    log = tmp_path / "library.log"
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(textwrap.dedent("""
+        from IPython.display import display
+        from tqdm.auto import tqdm
+        from agentenv_nb.library_log import to_log
+        with to_log("loading the model"):
+            for _ in tqdm(range(3), desc="Loading safetensors checkpoint shards"):
+                pass
+        with to_log("playing 3 task(s)", keep_displays=True):
+            display("played 3 of 3 tasks")
+    """))])
+    kernel = KernelManager(kernel_name="python3", transport="ipc", ip=str(tmp_path / "kernel"))
+    try:
+        NotebookClient(notebook, km=kernel, timeout=120, resources={"metadata": {"path": str(tmp_path)}}).execute(
+            env={**STARTED_WITH, "AGENTENV_NB_LIBRARY_LOG": str(log)})
+    finally:
+        if kernel.has_kernel:
+            kernel.shutdown_kernel()
+    outputs = notebook.cells[0].outputs
+    assert not [o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})], outputs
+    shown = [o.get("text") or o.data.get("text/plain") for o in outputs]
+    assert shown == [f"agentenv_nb: the libraries wrote 1 line while loading the model, in {log}\n",
+                     "'played 3 of 3 tasks'"], shown
+    assert "Loading safetensors checkpoint shards" in log.read_text()

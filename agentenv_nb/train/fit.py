@@ -87,7 +87,7 @@ def fit(trainer, resume_from_checkpoint: str | None = None, report_to: str | Non
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    with to_log("training"):
+    with to_log("training", keep_displays=True):  # the live plot
         trainer.train(resume_from_checkpoint=checkpoint)
     seconds = time.perf_counter() - start
     report["minutes"] = seconds / 60

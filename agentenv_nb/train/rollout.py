@@ -72,7 +72,7 @@ def play(model: Any, tokenizer: Any, factory: Callable | dict[str, Callable], ro
     # after its warm-up, and warns on stderr of each one (Unsloth's inference kernels in generate), and notes each LoRA
     # it is handed
     try:
-        with to_log(f"playing {len(rows)} task(s)"):
+        with to_log(f"playing {len(rows)} task(s)", keep_displays=True):  # the progress line
             if shown:
                 shown.update(0)
             for start in range(0, len(rows), batch_size):

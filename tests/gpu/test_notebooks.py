@@ -6,10 +6,11 @@ other ``AGENTENV_NB_*`` parameter passes through to the notebooks.
 
     pytest tests/gpu/test_notebooks.py -o addopts=     # GPU_NOTEBOOKS_OUT: where the run and its summary go
 
-It fails on any cell's error or stderr output, on a warm start that calls no tool or scores nothing, on a GRPO run
-that leaves the greedy eval no higher than the warm start's or logs no eval, and on an eval curve not written;
-``summary.json`` beside the executed notebooks holds what docs/benchmarks.md reports: eval reward, its spread and the
-tool-call rate before and after SFT and at each GRPO eval, step times, peak GPU memory and each notebook's wall time.
+It fails on any cell's error, stderr output or saved widget, on a warm start that calls no tool or scores nothing, on
+a GRPO run that leaves the greedy eval no higher than the warm start's or logs no eval, and on an eval curve not
+written; ``summary.json`` beside the executed notebooks holds what docs/benchmarks.md reports: eval reward, its
+spread and the tool-call rate before and after SFT and at each GRPO eval, step times, peak GPU memory and each
+notebook's wall time.
 """
 
 import importlib.metadata
@@ -62,10 +63,13 @@ def smi(query: str) -> list[str]:
 
 
 def cell_noise(notebook) -> list[str]:
-    """Every error of an executed notebook and every line it wrote to stderr."""
-    errors = [f"{output['ename']}: {output['evalue']}" for cell in notebook.cells for output in cell.get("outputs", [])
-              if output.get("output_type") == "error"]
-    return errors + [f"stderr: {line}" for line in stderr_lines(notebook)]
+    """Every error of an executed notebook, every line it wrote to stderr and every widget it saved (reopened, each
+    shows as "Error displaying widget")."""
+    outputs = [output for cell in notebook.cells for output in cell.get("outputs", [])]
+    errors = [f"{output['ename']}: {output['evalue']}" for output in outputs if output.get("output_type") == "error"]
+    widgets = [f"widget: {output['data'].get('text/plain', '')}" for output in outputs
+               if "application/vnd.jupyter.widget-view+json" in output.get("data", {})]
+    return errors + [f"stderr: {line}" for line in stderr_lines(notebook)] + widgets
 
 
 def test_the_four_notebooks_train_a_real_model(tmp_path):
