@@ -76,8 +76,8 @@ def test_in_a_notebook_a_librarys_progress_widget_goes_to_the_log_and_the_kits_o
     which the saved notebook reopens as "Error displaying widget"; the block's summary line and the kit's own
     displays (a block that keeps them: its progress line, its live plot) stay in the cell."""
     import nbformat
-    from jupyter_client import KernelManager
-    from nbclient import NotebookClient
+
+    from agentenv_nb.notebook.runner import execute
 
     log = tmp_path / "library.log"
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(textwrap.dedent("""
@@ -90,13 +90,7 @@ def test_in_a_notebook_a_librarys_progress_widget_goes_to_the_log_and_the_kits_o
         with to_log("playing 3 task(s)", keep_displays=True):
             display("played 3 of 3 tasks")
     """))])
-    kernel = KernelManager(kernel_name="python3", transport="ipc", ip=str(tmp_path / "kernel"))
-    try:
-        NotebookClient(notebook, km=kernel, timeout=120, resources={"metadata": {"path": str(tmp_path)}}).execute(
-            env={**STARTED_WITH, "AGENTENV_NB_LIBRARY_LOG": str(log)})
-    finally:
-        if kernel.has_kernel:
-            kernel.shutdown_kernel()
+    execute(notebook, tmp_path, tmp_path / "kernel", 120, env={**STARTED_WITH, "AGENTENV_NB_LIBRARY_LOG": str(log)})
     outputs = notebook.cells[0].outputs
     assert not [o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})], outputs
     shown = [o.get("text") or o.data.get("text/plain") for o in outputs]

@@ -36,19 +36,26 @@ def run_notebooks(out: Path, timeout: int = 900, tiny: bool = True) -> dict[str,
     for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
         notebook = nbformat.read(path, as_version=4)
         start = time.perf_counter()
-        # The kernel over IPC sockets in a private folder: over TCP (jupyter_client's default) its traffic is plain
-        # text on a port anyone on the machine can listen to, and ipykernel warns so at each start
-        kernel = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets.name) / path.stem))
         try:
-            NotebookClient(notebook, km=kernel, timeout=timeout,
-                           resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+            execute(notebook, NOTEBOOKS, Path(sockets.name) / path.stem, timeout)
         finally:
-            if kernel.has_kernel:
-                kernel.shutdown_kernel()
             seconds[path.stem] = time.perf_counter() - start
             nbformat.write(notebook, out / path.name)
         print(f"{path.stem}: {seconds[path.stem]:.1f} s", flush=True)
     return seconds
+
+
+def execute(notebook, cwd: Path, sockets: Path, timeout: int, env: dict[str, str] | None = None) -> None:
+    """Run ``notebook`` in place, top to bottom, in a fresh kernel working in ``cwd`` (with ``env``, else this
+    process's environment). The kernel talks over IPC sockets at ``sockets``: over TCP (jupyter_client's default)
+    its traffic is plain text on a port anyone on the machine can listen to, and ipykernel warns so at each start."""
+    kernel = KernelManager(kernel_name="python3", transport="ipc", ip=str(sockets))
+    try:
+        NotebookClient(notebook, km=kernel, timeout=timeout, resources={"metadata": {"path": str(cwd)}}).execute(
+            env=dict(os.environ) if env is None else env)
+    finally:
+        if kernel.has_kernel:
+            kernel.shutdown_kernel()
 
 
 def main(argv: list[str] | None = None) -> None:
