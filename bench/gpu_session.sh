@@ -8,7 +8,7 @@
 #
 # Each on the one GPU held as its own card would be:
 # - tests/gpu/test_notebooks.py for each of GPU_PRESETS ("24gb" held to 24 GB, "16bit" to 48 GB; empty: none) at
-#   once, on one generated bundle (GPU_TRAIN_DAYS train days, 400 unless set, and 200 eval days), each in its own
+#   once, on one generated bundle (GPU_TRAIN_DAYS train days, 2,000 unless set, and 200 eval days), each in its own
 #   folder: the notebooks top to bottom with SmolLM2-135M-Instruct;
 # - beside them, once "24gb"'s warm start is saved: the training command from it with each GRPO setting of
 #   GPU_PROBES over the preset's (KEY=VALUE words, e.g. "learning_rate=2e-4 temperature=0.7"; empty: none), each in its
@@ -61,7 +61,7 @@ if [[ ${GPU_SESSION:-} == scale ]]; then  # one GPU, then two, in one table; eac
   done
   exit
 fi
-python3 -m agentenv_nb.tasks.gridsim "$WORK/gridsim-gpu" --train "${GPU_TRAIN_DAYS:-400}" --eval 200 --overwrite
+python3 -m agentenv_nb.tasks.gridsim "$WORK/gridsim-gpu" --train "${GPU_TRAIN_DAYS:-2000}" --eval 200 --overwrite
 
 notebooks() {  # notebooks PRESET: the four notebooks on PRESET, logged to WORK/PRESET.log
   mkdir -p "$WORK/$1"

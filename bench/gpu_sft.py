@@ -23,8 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import gpu_grpo as bench  # beside this file; it imports unsloth first, before transformers and TRL
-import torch
+from agentenv_nb.stack import import_unsloth
+
+import_unsloth()  # first, so it patches transformers and TRL (SFTTrainer) before they load
+import gpu_grpo as bench  # noqa: E402  (beside this file)
+import torch  # noqa: E402
 
 COLUMNS = [("variant", "variant", 0), ("step", "step", 0), ("status", "status", 0), ("step s", "step_s", 1),
            ("setup s", "setup_s", 1), ("peak alloc GiB", "peak_alloc_gib", 2),

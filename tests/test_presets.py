@@ -123,6 +123,8 @@ def test_a_small_model_gets_the_warm_start_measured_for_it_and_a_large_one_the_r
     small = presets.sft_kwargs("24gb", model_parameters=135_000_000)
     large = presets.sft_kwargs("24gb", model_parameters=4_000_000_000)
     assert (small["num_train_epochs"], small["learning_rate"]) == (6, 1e-3)
+    batch = lambda kwargs: (kwargs["per_device_train_batch_size"], kwargs["gradient_accumulation_steps"])  # noqa: E731
+    assert batch(small) == (16, 1) and batch(large) == (4, 4)  # one pass of the same 16 conversations a step
     assert (large["num_train_epochs"], large["learning_rate"]) == (1, 1e-4) == (
         presets.sft_kwargs("24gb")["num_train_epochs"], presets.sft_kwargs("24gb")["learning_rate"])
     assert presets.sft_kwargs("cpu-tiny", model_parameters=1_000)["learning_rate"] == 3e-3  # the tiny model's own

