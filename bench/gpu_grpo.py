@@ -207,7 +207,8 @@ def toy_rows(bundle: str):
                                "prices": day["prices"]} for day in read_days(bundle, "train")])
 
 
-def train(trainer, timer: StepTimer) -> None:
+def train(trainer, timer: StepTimer, result: dict) -> None:
+    result["rollouts_per_step"] = trainer.args.per_device_train_batch_size * trainer.args.gradient_accumulation_steps
     trainer.model.generate = timer.gen.wrap(trainer.model.generate, sync=True)  # an instance attribute: no patching
     if engine := getattr(trainer.model, "vllm_engine", None):  # Unsloth's colocated vLLM: TRL calls its generate
         # the instance's generate: Unsloth wraps it for 16-bit merged-weight rollouts, and vLLM refuses the sentinel
@@ -306,14 +307,12 @@ def run_kit(args, timer: StepTimer, result: dict) -> None:
         model, tokenizer, result["model_kwargs"] = load(args.model, variant_preset(args), json.dumps(args.load))
         env.check(tokenizer)
         config = presets.grpo_config(variant_preset(args), **args.overrides)
-        result["rollouts_per_step"] = config.per_device_train_batch_size * config.gradient_accumulation_steps
         train(GRPOTrainer(model=model, processing_class=tokenizer, args=config, train_dataset=env.dataset,
                           environment_factory=timed_class(env.factory, timer.env), reward_funcs=env.reward_funcs,
-                          callbacks=[env.metrics, live_plot("console"), timer]), timer)
+                          callbacks=[env.metrics, live_plot("console"), timer]), timer, result)
         for concurrent in (False, True):  # TRL's loop, then agentenv_nb.train.grpo's concurrent tool calls
-            result.update(expert_step.expert_step(env.factory, env.dataset.to_list(),
-                                      config.per_device_train_batch_size * config.gradient_accumulation_steps,
-                                      config.generation_batch_size, concurrent))
+            result.update(expert_step.expert_step(env.factory, env.dataset.to_list(), result["rollouts_per_step"],
+                                                  config.generation_batch_size, concurrent))
 
 
 def run_kit_async(args, timer: StepTimer, result: dict) -> None:
@@ -348,10 +347,9 @@ def run_bare(args, timer: StepTimer, result: dict) -> None:
     from agentenv_nb.train import presets
     model, tokenizer, result["model_kwargs"] = load(args.model, variant_preset(args), json.dumps(args.load))
     config = presets.grpo_config(variant_preset(args), **args.overrides)
-    result["rollouts_per_step"] = config.per_device_train_batch_size * config.gradient_accumulation_steps
     train(GRPOTrainer(model=model, processing_class=tokenizer, args=config,
                       train_dataset=toy_rows(args.bundle), environment_factory=timed_class(ToyGridSim, timer.env),
-                      callbacks=[timer]), timer)
+                      callbacks=[timer]), timer, result)
 
 
 def trl_grpo_kwargs(args) -> dict:
@@ -380,10 +378,9 @@ def run_trl_here(args, timer: StepTimer, result: dict) -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     lora = {k: v for k, v in presets.peft_kwargs(args.preset).items() if k in ("r", "lora_alpha", "target_modules")}
     config = GRPOConfig(**{**trl_grpo_kwargs(args), "scale_rewards": "group"})
-    result["rollouts_per_step"] = config.per_device_train_batch_size * config.gradient_accumulation_steps
     train(GRPOTrainer(model=model, processing_class=tokenizer, args=config, train_dataset=toy_rows(args.bundle),
                       environment_factory=timed_class(ToyGridSim, timer.env), callbacks=[timer],
-                      peft_config=LoraConfig(**lora, lora_dropout=0.0, task_type="CAUSAL_LM")), timer)
+                      peft_config=LoraConfig(**lora, lora_dropout=0.0, task_type="CAUSAL_LM")), timer, result)
 
 
 RUNS = {"kit": run_kit, "kit-fp8": run_kit, "kit-16bit": run_kit, "kit-async": run_kit_async, "bare": run_bare,
