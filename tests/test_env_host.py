@@ -130,6 +130,7 @@ def test_local_server_processes_share_the_sessions_and_leave_nothing_behind(tmp_
 
 def test_server_processes_say_why_they_cannot_start(tmp_path):
     from agentenv_nb.envs.processes import serve_in_processes
+    from agentenv_nb.envs.workdir import work_dir
     from agentenv_nb.tasks import gridsim
 
     with pytest.raises(ValueError, match="step id"):
@@ -139,3 +140,9 @@ def test_server_processes_say_why_they_cannot_start(tmp_path):
     bundle = gridsim.write_bundle(tmp_path / "gridsim-tiny", train=1, eval=1)
     with pytest.raises(RuntimeError, match="exited while starting:\n.*AGENTENV_NB_PORT='abc' isn't a whole number"):
         serve_in_processes(bundle, 1, sandbox="process", env={**os.environ, "AGENTENV_NB_PORT": "abc"})
+    # Servers slower than the start timeout: the error says what to do and quotes what they wrote (here Python's
+    # list of imports), as their folder goes with them
+    with pytest.raises(TimeoutError, match=r"[12] of 2 server processes didn't answer .* start fewer \(processes=\)"
+                                           r"(.|\n)*server process [01] wrote:\n(.|\n)*import") as refused:
+        serve_in_processes(bundle, 2, sandbox="process", start_timeout=0.2, env={**os.environ, "PYTHONVERBOSE": "1"})
+    assert not list(work_dir().glob(f"agentenv-nb-servers-{os.getpid()}-*")), str(refused.value)[:300]

@@ -57,8 +57,8 @@ class ServerProcesses:
                                                                 pass_fds=(listening.fileno(),)))
                     self.urls.append("http://{}:{}".format(*listening.getsockname()[:2]))
             self._wait_healthy(start_timeout)
-        except BaseException as e:
-            self.close(keep_logs=isinstance(e, TimeoutError))  # its message points at them; others quote them
+        except BaseException:
+            self.close()  # the error quotes what the servers wrote: their folder goes with them
             raise
 
     def _wait_healthy(self, timeout: float) -> None:
@@ -67,21 +67,25 @@ class ServerProcesses:
             while waiting:
                 for i, url in list(waiting.items()):
                     if self.processes[i].poll() is not None:
-                        tail = (self.logs / f"server-{i}.log").read_text(errors="replace")[-2000:]
-                        raise RuntimeError(f"server process {i} for {url} exited while starting:\n{tail}")
+                        raise RuntimeError(f"server process {i} for {url} exited while starting:\n{self._tail(i)}")
                     try:
                         if client.get(f"{url}/health").status_code == 200:
                             del waiting[i]
                     except httpx.TransportError:
                         pass
                 if waiting and time.monotonic() > deadline:
-                    raise TimeoutError(f"{len(waiting)} server process(es) didn't answer /health within "
-                                       f"start_timeout={timeout:g}s; their logs are in {self.logs}")
+                    written = "".join(f"\nserver process {i} wrote:\n{tail}" for i in waiting if (tail := self._tail(i)))
+                    raise TimeoutError(f"{len(waiting)} of {len(self.urls)} server processes didn't answer /health "
+                                       f"within start_timeout={timeout:g}s: start fewer (processes=) or give them "
+                                       f"longer (start_timeout=)" + (written or "; they wrote nothing"))
                 time.sleep(0.1 if waiting else 0)
 
-    def close(self, keep_logs: bool = False) -> None:
+    def _tail(self, i: int) -> str:
+        return (self.logs / f"server-{i}.log").read_text(errors="replace")[-2000:]
+
+    def close(self) -> None:
         """Stop every server: SIGTERM, which tears down its open episodes; SIGKILL after the shutdown timeout. Their
-        logs (``logs``, while they run) go too, unless ``keep_logs``."""
+        logs (``logs``, while they run) go too."""
         for process in self.processes:
             if process.poll() is None:
                 process.terminate()
@@ -94,8 +98,7 @@ class ServerProcesses:
                 process.wait()
             if process.stdin:
                 process.stdin.close()
-        if not keep_logs:
-            shutil.rmtree(self.logs, ignore_errors=True)
+        shutil.rmtree(self.logs, ignore_errors=True)
 
     def __enter__(self) -> ServerProcesses:
         return self
