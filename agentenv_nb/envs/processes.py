@@ -74,7 +74,8 @@ class ServerProcesses:
                     except httpx.TransportError:
                         pass
                 if waiting and time.monotonic() > deadline:
-                    written = "".join(f"\nserver process {i} wrote:\n{tail}" for i in waiting if (tail := self._tail(i)))
+                    written = "".join(f"\nserver process {i} wrote:\n{tail}" for i in waiting
+                                      if (tail := self._tail(i)))
                     raise TimeoutError(f"{len(waiting)} of {len(self.urls)} server processes didn't answer /health "
                                        f"within start_timeout={timeout:g}s: start fewer (processes=) or give them "
                                        f"longer (start_timeout=)" + (written or "; they wrote nothing"))
