@@ -10,10 +10,19 @@ training command's options (``python -m agentenv_nb.train``) and the tiny run CI
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 
 SANDBOXES = ("auto", "process", "modal", "local")
 TRAINERS = ("grpo", "async")  # the trainers train.grpo.trainer_for makes, by presets.trainer_config
+
+
+def servers_for_host(most: int = 8) -> int:
+    """Env server processes for this host: one for each core the trainer leaves (of those this process may run on),
+    at least one, at most ``most``. Each prepares the whole bundle as it starts: 8 of them on 2 cores took past the
+    2-minute start timeout for 1,800 GridSim tasks."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(most, cores - 1))
 
 
 def _parameter(default, help: str, notebook_only: bool = False):
@@ -39,7 +48,9 @@ class GRPORun:
                                       "(Docker)")
     max_steps: int | None = _parameter(None, "the step to train to; unset (None): the preset's max_steps")
     save_steps: int = _parameter(5, "a checkpoint every few steps, to resume from (0: none)")
-    server_processes: int = _parameter(8, "env servers beside the trainer, off its GIL; 0: a thread of this process")
+    server_processes: int = _parameter(servers_for_host(), "env servers beside the trainer, off its GIL (default: one "
+                                                           "a core the trainer leaves, up to 8); 0: a thread of this "
+                                                           "process")
     reward: str = _parameter("", "for tasks that record several scores: 'mean', 'min', 'max' of them, or a score's "
                                  "step id; empty: the task's one score")
     toolsets: str = _parameter("first", "'each' for a bundle whose tasks differ in tools (a class a toolset, each row "
