@@ -18,11 +18,10 @@ TRAINERS = ("grpo", "async")  # the trainers train.grpo.trainer_for makes, by pr
 
 
 def servers_for_host(most: int = 8) -> int:
-    """Env server processes for this host: one for each core the trainer leaves (of those this process may run on),
-    at least one, at most ``most``. Each prepares the whole bundle as it starts: 8 of them on 2 cores took past the
-    2-minute start timeout for 1,800 GridSim tasks."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(most, cores - 1))
+    """Env server processes for this host: one a core this process may run on, at most ``most``. Each prepares the
+    whole bundle as it starts: on 2 cores and 1,800 GridSim tasks, 2 started in 28 s, as 1 did, and 8 in 103 s or past
+    the 2-minute start timeout, no faster at play (bench/expert_replay.py, docs/benchmarks.md)."""
+    return min(most, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
 def _parameter(default, help: str, notebook_only: bool = False):
@@ -49,8 +48,7 @@ class GRPORun:
     max_steps: int | None = _parameter(None, "the step to train to; unset (None): the preset's max_steps")
     save_steps: int = _parameter(5, "a checkpoint every few steps, to resume from (0: none)")
     server_processes: int = _parameter(servers_for_host(), "env servers beside the trainer, off its GIL (default: one "
-                                                           "a core the trainer leaves, up to 8); 0: a thread of this "
-                                                           "process")
+                                                           "a core, up to 8); 0: a thread of this process")
     reward: str = _parameter("", "for tasks that record several scores: 'mean', 'min', 'max' of them, or a score's "
                                  "step id; empty: the task's one score")
     toolsets: str = _parameter("first", "'each' for a bundle whose tasks differ in tools (a class a toolset, each row "
