@@ -114,12 +114,13 @@ class Preset:
     # The same 16 conversations a step in one pass, not four passes of 4: for a model this small a pass costs about
     # the same whatever its batch. SmolLM2's SFT on 400 demonstrations: 0.49 s a step against 1.61, the same loss
     # (0.103), greedy 0.771 against 0.764 on 200 eval days; from 1,200, 0.785 (the greedy rule: 0.773); from 2,000,
-    # 0.800 (the rule: 0.769; docs/benchmarks.md)
+    # 0.800 and, through the notebooks, 0.824 (the rule: 0.769; docs/benchmarks.md)
     small_sft_per_device_train_batch_size: int = _part("small", 16)
     small_sft_gradient_accumulation_steps: int = _part("small", 1)
     # GRPO from that warm start ("24gb", 200 eval days, 40 steps): at the recipe's 2e-5 the sampled eval went 0.37 ->
     # 0.48 by step 20 and the greedy one 0.764 -> 0.772; at 1e-4, 0.37 -> 0.65 and greedy 0.780; at 5e-4 it
-    # collapsed to 0 by step 13. From 400 demonstrations, 1e-4 took the greedy eval 0.756 -> 0.863 (docs/benchmarks.md)
+    # collapsed to 0 by step 13. From 400 demonstrations, 1e-4 took the greedy eval 0.756 -> 0.863; from 2,000,
+    # 0.824 -> 0.831, the sampled one 0.684 -> 0.801 (docs/benchmarks.md)
     small_learning_rate: float = _part("small", 1e-4)
     # GRPOConfig's and SFTConfig's
     bf16: bool = _part("trainer", True)
