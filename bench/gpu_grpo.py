@@ -6,6 +6,7 @@ Usage::
     python bench/gpu_grpo.py --model /tmp/q4b                  # "24gb", capped at 24 GB, 3 steps a variant
     python bench/gpu_grpo.py --model /tmp/q4b --variants bare,kit,kit-fp8,kit-16bit,kit-async --budget-s 150
     python bench/gpu_grpo.py --model /tmp/q4b --preset 16bit --no-cap --variants kit,bare
+    python bench/gpu_grpo.py --model /tmp/q4b --variants kit,bare --no-vllm --tag _novllm   # transformers' generate
     python bench/gpu_grpo.py --smoke                           # CPU plumbing: tiny model, "cpu-tiny", 1 step
     python bench/gpu_grpo.py --model /tmp/q4b --variants bare --set steps_per_generation=1 --memory-history 4000000
 
@@ -275,13 +276,14 @@ def device_peak() -> DevicePeak:
 
 
 def variant_preset(args):
-    """The preset this process's variant trains with: ``--preset`` with vLLM's weights as the variant says."""
+    """The preset this process's variant trains with: ``--preset`` with vLLM's weights as the variant says, or
+    without vLLM (``--no-vllm``)."""
     import dataclasses
 
     from agentenv_nb.train import presets
     preset = presets.named(args.preset)
     own = "4bit" if preset.vllm_weights == "auto" else preset.vllm_weights
-    return dataclasses.replace(preset, vllm_weights=WEIGHTS[args.variant] or own)
+    return dataclasses.replace(preset, vllm_weights=WEIGHTS[args.variant] or own, vllm=preset.vllm and args.vllm)
 
 
 def load(model: str, preset, overrides: str):
@@ -579,6 +581,8 @@ def parse(argv=None):
                         help="the kit's env servers beside the trainer (AgentEnv.local's processes; 0: a thread)")
     parser.add_argument("--memory-history", type=int, default=0, metavar="N",
                         help="record the CUDA allocator's last N events a variant and dump them to $OUT (0: off)")
+    parser.add_argument("--no-vllm", dest="vllm", action="store_false",
+                        help="generate with transformers' generate, as a preset does where vLLM doesn't import")
     parser.add_argument("--load", action="append", default=[], metavar="KEY=VALUE",
                         help="a from_pretrained argument over the preset's, VALUE as JSON (e.g. max_num_seqs=64)")
     parser.add_argument("--tag", default="", help="appended to the JSON report's name")

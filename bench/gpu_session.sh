@@ -11,8 +11,9 @@
 #   once, on one generated bundle (GPU_TRAIN_DAYS train days, 2,000 unless set, and 200 eval days), each in its own
 #   folder: the notebooks top to bottom with SmolLM2-135M-Instruct;
 # - beside them, once "24gb"'s warm start is saved: the training command from it with each GRPO setting of
-#   GPU_PROBES over the preset's (KEY=VALUE words, e.g. "learning_rate=2e-4 temperature=0.7"; empty: none), each in its
-#   own folder, for the eval curve and the greedy eval of the 200 eval days after training against the notebook's;
+#   GPU_PROBES over the preset's (words of KEY=VALUE, several in a word apart by ",", e.g. "learning_rate=2e-4
+#   temperature=0.7,lr_scheduler_type=constant"; empty: none), each in its own folder, for the eval curve and the
+#   greedy eval of the 200 eval days after training against the notebook's;
 # - beside them, bench/gpu_sft.py for each of GPU_SFT_PROBES (";" apart, each "TRAIN_DAYS [KEY=VALUE ...]", SFTConfig
 #   settings over the preset's; empty: none), e.g. GPU_SFT_PROBES="400; 400 num_train_epochs=12; 1200": "24gb"'s whole
 #   SFT of SmolLM2 on the first TRAIN_DAYS train days of one bundle of their own, scored greedily on its 200 eval days;
@@ -23,6 +24,10 @@
 #   GPU_VARIANTS names, in order, as long as the deadline allows (GPU_VARIANTS= : none); runs of their own apart by
 #   ";", each its variants and gpu_grpo.py's options (a --tag each: each run's report is grpo_24gb<tag>.json), e.g.
 #   GPU_VARIANTS="bare,kit; kit-16bit --load gpu_memory_utilization=0.11 --tag _kv; kit-async --set token_budget=0 --tag _tb"
+#   before them, with GPU_SFT_STEP=1, bench/gpu_sft.py's SFT step on that shape held to 24 GB, and before that, with
+#   GPU_EXPERT_STEP=S, bench/expert_step.py: a tool-heavy step's env work (32 rollouts, 8 server processes) against a
+#   step of S seconds.
+# With GPU_SESSION=probes instead: notebook 02 alone on "24gb" (as the notebooks test runs it), then GPU_PROBES at once.
 # With GPU_SESSION=scale instead, on a machine of two GPUs: bench/gpu_scale.py, the training command on one GPU and
 # then on two under torchrun, each GPU held to 24 GB, the preset's vLLM on each rank (WORK/scale, WORK/scale.json).
 set -uo pipefail
@@ -42,6 +47,7 @@ python3 -m pip install -q --no-deps --no-index --no-build-isolation --target "$W
 export PYTHONPATH=$PWD:$site:$WORK/kit PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false MPLBACKEND=Agg
 left() { echo $((deadline - $(date +%s))); }
 say() { echo "[$(date +%T), $(left) s left] $*"; }
+room() { (($(left) >= 80)) || { say "$1: not started, too close to the deadline"; return 1; }; }  # a load's time
 python3 - <<'EOF'
 import importlib.metadata as md, torch
 print({n: md.version(n) for n in ("torch", "vllm", "vllm-bnb-plugin", "unsloth", "trl", "transformers", "bitsandbytes",
@@ -71,13 +77,14 @@ notebooks() {  # notebooks PRESET: the four notebooks on PRESET, logged to WORK/
   say "notebooks $1: exit $?"
 }
 probes() {  # GRPO from the "24gb" notebooks' warm start with each setting of GPU_PROBES
-  local warm=$WORK/24gb/run/sft/merged
+  local warm=$WORK/24gb/run/sft/merged sets
   until [[ -f $WORK/24gb/02_sft_warm_start.ipynb ]] || (($(left) < 400)); do sleep 10; done  # notebook 02 done
   [[ -f $warm/config.json ]] || { say "probes: no warm start"; return; }
   for setting in $GPU_PROBES; do
+    IFS=, read -ra sets <<< "$setting"
     AGENTENV_NB_GPU_MEMORY_GB=24 AGENTENV_NB_LIBRARY_LOG=$WORK/$setting.library.log timeout -k 10 "$(left)" \
       python3 -m agentenv_nb.train --bundle "$WORK/gridsim-gpu" --warm-start "$warm" --run-dir "$WORK/$setting" \
-      --preset 24gb --sandbox process --server-processes 4 --gguf '' --eval-days 200 --set "$setting" \
+      --preset 24gb --sandbox process --server-processes 4 --gguf '' --eval-days 200 "${sets[@]/#/--set=}" \
       > "$WORK/$setting.log" 2>&1 &
   done
   wait
@@ -111,6 +118,15 @@ play_test() {
     > "$WORK/play_test.log" 2>&1
   say "play test: exit $?"
 }
+if [[ ${GPU_SESSION:-} == probes ]]; then
+  mkdir -p "$WORK/24gb"
+  AGENTENV_NB_PRESET=24gb AGENTENV_NB_BUNDLE=$WORK/gridsim-gpu timeout -k 10 "$(left)" python3 -c \
+    'import sys, pathlib, tests.gpu.test_notebooks as t; t.run_warm_start(pathlib.Path(sys.argv[1]))' "$WORK/24gb" \
+    > "$WORK/24gb.log" 2>&1
+  say "notebook 02: exit $?"
+  probes
+  exit
+fi
 if [[ ${GPU_EXPERT_REPLAY:-0} == 1 ]]; then
   timeout -k 10 300 python3 bench/expert_replay.py --episodes 2000 --server-processes 8 --lanes 32 \
     > "$WORK/expert_replay.json" 2> "$WORK/expert_replay.log"
@@ -128,12 +144,22 @@ done
 wait "${runs[@]}"
 say "notebooks done"
 wait  # the probes and the async and play tests, which would share the card
+if [[ -n ${GPU_EXPERT_STEP:-} ]] && room "expert step"; then  # CPU work: first, while nothing else runs on the host
+  timeout -k 10 $(($(left) - 20)) python3 bench/expert_step.py --rollouts 32 --batch 32 --server-processes 8 --steps 4 \
+    --step-s "$GPU_EXPERT_STEP" > "$WORK/expert_step.log" 2>&1
+  say "expert step: exit $?"
+fi
 grpo=${GPU_VARIANTS-bare,kit,kit-16bit}
-[[ -n $grpo ]] || { say done; exit; }
+[[ -n $grpo || ${GPU_SFT_STEP:-0} == 1 ]] || { say done; exit; }
 [[ -f $WORK/q4b/config.json ]] || q4b
+if [[ ${GPU_SFT_STEP:-0} == 1 ]] && room "sft step"; then
+  OUT=$WORK timeout -k 10 $(($(left) - 20)) python3 bench/gpu_sft.py --model "$WORK/q4b" > "$WORK/sft_step.log" 2>&1
+  say "sft step: exit $?"
+fi
 IFS=';' read -ra grpo_runs <<< "$grpo"
 for run in "${grpo_runs[@]}"; do  # "VARIANTS [gpu_grpo.py's options]", e.g. "kit-16bit --load KEY=VALUE --tag _kv"
   read -r variants options <<< "$run"
+  room "grpo $run" || break
   # shellcheck disable=SC2086  # the run's options, split as written
   OUT=$WORK timeout -k 10 $(($(left) - 20)) python3 bench/gpu_grpo.py --model "$WORK/q4b" --variants "$variants" \
     --budget-s "${GPU_VARIANT_BUDGET_S:-60}" $options >> "$WORK/grpo.log" 2>&1

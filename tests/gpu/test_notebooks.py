@@ -67,27 +67,55 @@ def cell_noise(notebook) -> list[str]:
     return errors + [f"stderr: {line}" for line in stderr_lines(notebook)] + widgets
 
 
+def use_gpu_parameters(out: Path) -> str:
+    """Set the notebooks' parameters of a GPU run into ``out`` (``AGENTENV_NB_*``, where not set already) and
+    return the preset."""
+    from agentenv_nb.settings import PREFIX
+    from agentenv_nb.tasks.gridsim import write_bundle
+
+    preset = os.environ.setdefault(PREFIX + "PRESET", "24gb")
+    if PREFIX + "BUNDLE" not in os.environ:
+        train_days = int(os.environ.get("GPU_TRAIN_DAYS", "2000"))
+        os.environ[PREFIX + "BUNDLE"] = str(write_bundle(out / "gridsim-gpu", train=train_days, eval=200,
+                                                         overwrite=True))
+    for name, value in {"MODEL": smollm2_gguf(), "RUN_DIR": str(out / "run"), "SANDBOX": "process",
+                        "EVAL_DAYS": "200", "GPU_MEMORY_GB": CARD_GB.get(preset, ""), "DISTILL_ROUNDS": "0",
+                        "LIBRARY_LOG": str(out / "agentenv_nb.log")}.items():
+        if value:
+            os.environ.setdefault(PREFIX + name, value)
+    os.environ.setdefault("XDG_STATE_HOME", str(out / "state"))
+    return preset
+
+
+def run_warm_start(out: Path) -> None:
+    """Notebook 02 alone, as the test runs it, into ``out``: the warm start that bench/gpu_session.sh's GRPO probes
+    train from (``GPU_SESSION=probes``)."""
+    import tempfile
+
+    import nbformat
+
+    from agentenv_nb.notebook.runner import NOTEBOOKS, execute
+
+    use_gpu_parameters(out)
+    path = NOTEBOOKS / "02_sft_warm_start.ipynb"
+    notebook = nbformat.read(path, as_version=4)
+    try:
+        with tempfile.TemporaryDirectory(prefix="agentenv_nb-kernels-") as sockets:
+            execute(notebook, NOTEBOOKS, Path(sockets) / path.stem, timeout=3600)
+    finally:
+        nbformat.write(notebook, out / path.name)
+
+
 def test_the_four_notebooks_train_a_real_model(tmp_path):
     import nbformat
     import pandas as pd
 
     from agentenv_nb.notebook.runner import run_notebooks
     from agentenv_nb.settings import PREFIX
-    from agentenv_nb.tasks.gridsim import write_bundle
 
     out = Path(os.environ.get("GPU_NOTEBOOKS_OUT") or tmp_path)
-    preset = os.environ.setdefault(PREFIX + "PRESET", "24gb")
+    preset = use_gpu_parameters(out)
     run_dir = out / "run"
-    if PREFIX + "BUNDLE" not in os.environ:
-        train_days = int(os.environ.get("GPU_TRAIN_DAYS", "2000"))
-        os.environ[PREFIX + "BUNDLE"] = str(write_bundle(out / "gridsim-gpu", train=train_days, eval=200,
-                                                         overwrite=True))
-    for name, value in {"MODEL": smollm2_gguf(), "RUN_DIR": str(run_dir), "SANDBOX": "process", "EVAL_DAYS": "200",
-                        "GPU_MEMORY_GB": CARD_GB.get(preset, ""), "DISTILL_ROUNDS": "0",
-                        "LIBRARY_LOG": str(out / "agentenv_nb.log")}.items():
-        if value:
-            os.environ.setdefault(PREFIX + name, value)
-    os.environ.setdefault("XDG_STATE_HOME", str(out / "state"))
     memory = GpuMemory()
     memory.start()
     try:
