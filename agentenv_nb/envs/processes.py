@@ -68,8 +68,9 @@ class ServerProcesses:
                 for i, url in list(waiting.items()):
                     if self.processes[i].poll() is not None:
                         raise RuntimeError(f"server process {i} for {url} exited while starting:\n{self._tail(i)}")
-                    try:
-                        if client.get(f"{url}/health").status_code == 200:
+                    try:  # a server that accepted but hasn't answered holds this call: no longer than the deadline
+                        patience = min(2.0, max(0.05, deadline - time.monotonic()))
+                        if client.get(f"{url}/health", timeout=patience).status_code == 200:
                             del waiting[i]
                     except httpx.TransportError:
                         pass
