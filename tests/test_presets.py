@@ -130,11 +130,13 @@ def test_a_small_model_gets_the_warm_start_measured_for_it_and_a_large_one_the_r
     assert presets.sft_kwargs("cpu-tiny", model_parameters=1_000)["learning_rate"] == 3e-3  # the tiny model's own
 
 
-def test_grpo_on_a_small_model_gets_its_measured_learning_rate_counted_from_the_model_folder(tiny_model):
+def test_grpo_on_a_small_model_gets_its_measured_settings_counted_from_the_model_folder(tiny_model):
     # tiny_model: a random Qwen3-format folder of a few million parameters, counted from its config, nothing loaded
-    assert presets.grpo_kwargs("24gb", model_name=tiny_model)["learning_rate"] == 1e-4
-    assert presets.grpo_kwargs("24gb")["learning_rate"] == 2e-5  # the recipe's, for a model not named
+    grpo = lambda kwargs: (kwargs["learning_rate"], kwargs["temperature"], kwargs["lr_scheduler_type"])  # noqa: E731
+    assert grpo(presets.grpo_kwargs("24gb", model_name=tiny_model)) == (1e-4, 0.7, "constant")
+    assert grpo(presets.grpo_kwargs("24gb")) == (2e-5, 1.1, "cosine")  # the recipe's, for a model not named
+    assert presets.grpo_temperature("24gb", 135_000_000) == 0.7 and presets.grpo_temperature("24gb") == 1.1
     assert presets.grpo_kwargs("24gb", model_name=tiny_model, learning_rate=3e-5)["learning_rate"] == 3e-5  # --set
     assert presets.grpo_kwargs("cpu-tiny", model_name=tiny_model)["learning_rate"] == 3e-4  # no small settings there
     big = dataclasses.replace(presets.PRESETS["24gb"], small_model_below=1_000)
-    assert presets.grpo_kwargs(big, model_name=tiny_model)["learning_rate"] == 2e-5
+    assert grpo(presets.grpo_kwargs(big, model_name=tiny_model)) == (2e-5, 1.1, "cosine")

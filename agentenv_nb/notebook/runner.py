@@ -24,16 +24,16 @@ from agentenv_nb.notebook.params import use_tiny_defaults
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
-def run_notebooks(out: Path, timeout: int = 900, tiny: bool = True) -> dict[str, float]:
-    """Execute each notebook in order into ``out`` (on the tiny defaults unless ``tiny`` is False: then as the
-    ``AGENTENV_NB_*`` variables say); returns the wall seconds of each. Stops at the first that fails, naming it;
-    its executed copy, with the error, is kept in ``out``."""
+def run_notebooks(out: Path, timeout: int = 900, tiny: bool = True, only: str = "[0-9][0-9]") -> dict[str, float]:
+    """Execute each notebook whose number matches ``only`` (a glob: "02", every one by default) in order into ``out``
+    (on the tiny defaults unless ``tiny`` is False: then as the ``AGENTENV_NB_*`` variables say); returns the wall
+    seconds of each. Stops at the first that fails, naming it; its executed copy, with the error, is kept in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     if tiny:
         use_tiny_defaults(out.resolve() / "run")
     os.environ.setdefault("MPLBACKEND", "Agg")
     seconds, sockets = {}, tempfile.TemporaryDirectory(prefix="agentenv_nb-kernels-")
-    for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
+    for path in sorted(NOTEBOOKS.glob(f"{only}_*.ipynb")):
         notebook = nbformat.read(path, as_version=4)
         start = time.perf_counter()
         try:

@@ -95,10 +95,10 @@ def sft_dataset(rollouts: Iterable[Rollout]):
 
 def best_rollouts(model, tokenizer, env, preset: presets.Preset | str, *, fraction: float = 0.5, samples: int = 2,
                   temperature: float | None = None, **play_kwargs) -> tuple[list[Rollout], list[Rollout]]:
-    """Play each train task ``samples`` times (at ``preset``'s GRPO temperature unless given); the rollouts, and the
-    top ``fraction`` of those that scored above 0 (``top_fraction``)."""
+    """Play each train task ``samples`` times (at the temperature ``preset``'s GRPO samples ``model`` at, unless
+    given); the rollouts, and the top ``fraction`` of those that scored above 0 (``top_fraction``)."""
     if temperature is None:
-        temperature = presets.named(preset).temperature
+        temperature = presets.grpo_temperature(preset, model.num_parameters())
     rows = [row for row in env.dataset for _ in range(samples)]
     rollouts = play(model, tokenizer, env.factory, rows, temperature=temperature, **play_kwargs)
     return rollouts, top_fraction(rollouts, fraction)

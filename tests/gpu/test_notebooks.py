@@ -90,20 +90,10 @@ def use_gpu_parameters(out: Path) -> str:
 def run_warm_start(out: Path) -> None:
     """Notebook 02 alone, as the test runs it, into ``out``: the warm start that bench/gpu_session.sh's GRPO probes
     train from (``GPU_SESSION=probes``)."""
-    import tempfile
-
-    import nbformat
-
-    from agentenv_nb.notebook.runner import NOTEBOOKS, execute
+    from agentenv_nb.notebook.runner import run_notebooks
 
     use_gpu_parameters(out)
-    path = NOTEBOOKS / "02_sft_warm_start.ipynb"
-    notebook = nbformat.read(path, as_version=4)
-    try:
-        with tempfile.TemporaryDirectory(prefix="agentenv_nb-kernels-") as sockets:
-            execute(notebook, NOTEBOOKS, Path(sockets) / path.stem, timeout=3600)
-    finally:
-        nbformat.write(notebook, out / path.name)
+    run_notebooks(out, timeout=3600, tiny=False, only="02")
 
 
 def test_the_four_notebooks_train_a_real_model(tmp_path):
