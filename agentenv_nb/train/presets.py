@@ -316,10 +316,18 @@ def _small(preset: Preset, model_parameters: float | None) -> bool:
     return bool(below) and model_parameters is not None and model_parameters < below
 
 
+def _grpo_for_size(preset: Preset, model_parameters: float | None) -> dict:
+    """GRPO's settings over the preset's for a model of ``model_parameters``: a small model's ``small_*``."""
+    if not _small(preset, model_parameters):
+        return {}
+    return {"learning_rate": preset.small_learning_rate, "temperature": preset.small_temperature,
+            "lr_scheduler_type": preset.small_lr_scheduler_type}
+
+
 def grpo_temperature(preset: Preset | str, model_parameters: float | None = None) -> float:
     """The temperature GRPO samples a model of ``model_parameters`` at: a small model's ``small_temperature``."""
     preset = named(preset)
-    return preset.small_temperature if _small(preset, model_parameters) else preset.temperature
+    return _grpo_for_size(preset, model_parameters).get("temperature", preset.temperature)
 
 
 def grpo_kwargs(preset: Preset | str, output_dir: str = "outputs", max_steps: int | None = None,
@@ -346,9 +354,8 @@ def grpo_kwargs(preset: Preset | str, output_dir: str = "outputs", max_steps: in
         kwargs["vllm_mode"] = "colocate"  # Unsloth's vLLM shares the model's weights in this process
     if max_steps is not None:
         kwargs["max_steps"] = max_steps
-    if model_name is not None and _small(preset, vllm_sizing.parameter_count(model_name)):
-        kwargs.update(learning_rate=preset.small_learning_rate, temperature=preset.small_temperature,
-                      lr_scheduler_type=preset.small_lr_scheduler_type)
+    if model_name is not None:
+        kwargs.update(_grpo_for_size(preset, vllm_sizing.parameter_count(model_name)))
     if kwargs["eval_steps"] is None:
         kwargs["eval_steps"] = kwargs["max_steps"]  # evaluate at the start and at the end
     kwargs = {**kwargs, **_checkpointing(output_dir, save_steps, resume), **overrides}
