@@ -8,8 +8,8 @@
 #
 # Each on the one GPU held as its own card would be:
 # - tests/gpu/test_notebooks.py for each of GPU_PRESETS ("24gb" held to 24 GB, "16bit" to 48 GB; empty: none) at
-#   once, on one generated bundle (GPU_TRAIN_DAYS train days, 2,000 unless set, and 200 eval days), each in its own
-#   folder: the notebooks top to bottom with SmolLM2-135M-Instruct;
+#   once, on one generated bundle (GPU_TRAIN_DAYS train days, 2,000 unless set, and GPU_EVAL_DAYS eval days, 200
+#   unless set), each in its own folder: the notebooks top to bottom with SmolLM2-135M-Instruct;
 # - beside them, once "24gb"'s warm start is saved: the training command from it with each GRPO setting of
 #   GPU_PROBES over the preset's (words of KEY=VALUE, several in a word apart by ",", e.g. "learning_rate=2e-4
 #   temperature=0.7,lr_scheduler_type=constant"; empty: none), each in its own folder, for the eval curve and the
@@ -18,7 +18,8 @@
 #   settings over the preset's; empty: none), e.g. GPU_SFT_PROBES="400; 400 num_train_epochs=12; 1200": "24gb"'s whole
 #   SFT of SmolLM2 on the first TRAIN_DAYS train days of one bundle of their own, scored greedily on its 200 eval days;
 # - beside them, tests/gpu/test_async_grpo.py on the random Qwen3-4B shape (GPU_ASYNC_TEST=0: not run), and
-#   tests/gpu/test_vllm_play.py, play on vLLM against transformers' generate with SmolLM2 (GPU_PLAY_TEST=0: not run);
+#   tests/gpu/test_vllm_play.py, play on vLLM (from 4-bit weights, then 16-bit) against transformers' generate with
+#   SmolLM2 (GPU_PLAY_TEST=0: not run);
 # - with GPU_EXPERT_REPLAY=1, first, bench/expert_replay.py: notebook 02's replay of 2,000 expert episodes;
 # - once the notebooks are done, on the idle card: bench/gpu_grpo.py on the Qwen3-4B shape held to 24 GB, the variants
 #   GPU_VARIANTS names, in order, as long as the deadline allows (GPU_VARIANTS= : none); runs of their own apart by
@@ -67,7 +68,8 @@ if [[ ${GPU_SESSION:-} == scale ]]; then  # one GPU, then two, in one table; eac
   done
   exit
 fi
-python3 -m agentenv_nb.tasks.gridsim "$WORK/gridsim-gpu" --train "${GPU_TRAIN_DAYS:-2000}" --eval 200 --overwrite
+python3 -m agentenv_nb.tasks.gridsim "$WORK/gridsim-gpu" --train "${GPU_TRAIN_DAYS:-2000}" --eval "${GPU_EVAL_DAYS:-200}" \
+  --overwrite
 
 notebooks() {  # notebooks PRESET: the four notebooks on PRESET, logged to WORK/PRESET.log
   mkdir -p "$WORK/$1"
@@ -113,10 +115,13 @@ async_test() {
       -q -p no:cacheprovider > "$WORK/async_test.log" 2>&1
   say "async test: exit $?"
 }
-play_test() {
-  timeout -k 10 "$(left)" python3 -m pytest tests/gpu/test_vllm_play.py -o addopts= -q -s -p no:cacheprovider \
-    > "$WORK/play_test.log" 2>&1
-  say "play test: exit $?"
+play_test() {  # one vLLM engine a process: 4-bit weights, then 16-bit
+  for weights in 4bit 16bit; do
+    room "play test, $weights" || return
+    timeout -k 10 "$(left)" python3 -m pytest tests/gpu/test_vllm_play.py -k "$weights" -o addopts= -q -s \
+      -p no:cacheprovider > "$WORK/play_test_$weights.log" 2>&1
+    say "play test, $weights: exit $?"
+  done
 }
 if [[ ${GPU_SESSION:-} == probes ]]; then
   mkdir -p "$WORK/24gb"
