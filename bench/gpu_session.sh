@@ -18,8 +18,8 @@
 #   settings over the preset's; empty: none), e.g. GPU_SFT_PROBES="400; 400 num_train_epochs=12; 1200": "24gb"'s whole
 #   SFT of SmolLM2 on the first TRAIN_DAYS train days of one bundle of their own, scored greedily on its 200 eval days;
 # - beside them, tests/gpu/test_async_grpo.py on the random Qwen3-4B shape (GPU_ASYNC_TEST=0: not run), and
-#   tests/gpu/test_vllm_play.py, play on vLLM (from 4-bit weights, then 16-bit) against transformers' generate with
-#   SmolLM2 (GPU_PLAY_TEST=0: not run);
+#   tests/gpu/test_vllm_play.py, play on vLLM (from 4-bit weights, then 16-bit with the LoRA folded in and as vLLM's
+#   LoRA layers) against transformers' generate with SmolLM2 (GPU_PLAY_TEST=0: not run);
 # - with GPU_EXPERT_REPLAY=1, first, bench/expert_replay.py: notebook 02's replay of 2,000 expert episodes;
 # - once the notebooks are done, on the idle card: bench/gpu_grpo.py on the Qwen3-4B shape held to 24 GB, the variants
 #   GPU_VARIANTS names, in order, as long as the deadline allows (GPU_VARIANTS= : none); runs of their own apart by
@@ -115,12 +115,15 @@ async_test() {
       -q -p no:cacheprovider > "$WORK/async_test.log" 2>&1
   say "async test: exit $?"
 }
-play_test() {  # one vLLM engine a process: 4-bit weights, then 16-bit
-  for weights in 4bit 16bit; do
-    room "play test, $weights" || return
-    timeout -k 10 "$(left)" python3 -m pytest tests/gpu/test_vllm_play.py -k "$weights" -o addopts= -q -s \
-      -p no:cacheprovider > "$WORK/play_test_$weights.log" 2>&1
-    say "play test, $weights: exit $?"
+play_test() {  # one vLLM engine a process, from 4-bit weights, then 16-bit with the LoRA folded in (Unsloth's
+               # default there), then 16-bit with the LoRA as vLLM's own layers: a fold's fault told apart
+  local run weights fold
+  for run in 4bit:auto 16bit:auto 16bit:0; do
+    weights=${run%:*} fold=${run#*:}
+    room "play test, $run" || return
+    UNSLOTH_VLLM_MERGED_ROLLOUT=$fold timeout -k 10 "$(left)" python3 -m pytest tests/gpu/test_vllm_play.py \
+      -k "$weights" -o addopts= -q -s -p no:cacheprovider > "$WORK/play_test_${weights}_$fold.log" 2>&1
+    say "play test, $run: exit $?"
   done
 }
 if [[ ${GPU_SESSION:-} == probes ]]; then
