@@ -117,12 +117,12 @@ async_test() {
 }
 play_test() {  # one vLLM engine a process, from 4-bit weights, then 16-bit with the LoRA folded in (Unsloth's
                # default there), then 16-bit with the LoRA as vLLM's own layers: a fold's fault told apart
-  local run weights fold
-  for run in 4bit:auto 16bit:auto 16bit:0; do
-    weights=${run%:*} fold=${run#*:}
+  local run preset fold
+  for run in 24gb:auto 16bit:auto 16bit:0; do
+    preset=${run%:*} fold=${run#*:}
     room "play test, $run" || return
     UNSLOTH_VLLM_MERGED_ROLLOUT=$fold timeout -k 10 "$(left)" python3 -m pytest tests/gpu/test_vllm_play.py \
-      -k "$weights" -o addopts= -q -s -p no:cacheprovider > "$WORK/play_test_${weights}_$fold.log" 2>&1
+      -k "$preset" -o addopts= -q -s -p no:cacheprovider > "$WORK/play_test_${preset}_$fold.log" 2>&1
     say "play test, $run: exit $?"
   done
 }
