@@ -7,9 +7,10 @@
 #                                               # 15 MiB (the device returns files of 16 MiB at most): cat them
 #
 # Each on the one GPU held as its own card would be:
-# - tests/gpu/test_notebooks.py for each of GPU_PRESETS ("24gb" held to 24 GB, "16bit" to 48 GB; empty: none) at
-#   once, on one generated bundle (GPU_TRAIN_DAYS train days, 2,000 unless set, and GPU_EVAL_DAYS eval days, 200
-#   unless set), each in its own folder: the notebooks top to bottom with SmolLM2-135M-Instruct;
+# - tests/gpu/test_notebooks.py for each of GPU_PRESETS ("24gb" held to 24 GB, "16bit" to 48 GB; empty: none; a word
+#   "PRESET,NAME=VALUE,..." runs PRESET with those environment variables, in a folder of that name) at once, on one
+#   generated bundle (GPU_TRAIN_DAYS train days, 2,000 unless set, and GPU_EVAL_DAYS eval days, 200 unless set), each
+#   in its own folder: the notebooks top to bottom with SmolLM2-135M-Instruct;
 # - beside them, once "24gb"'s warm start is saved: the training command from it with each GRPO setting of
 #   GPU_PROBES over the preset's (words of KEY=VALUE, several in a word apart by ",", e.g. "learning_rate=2e-4
 #   temperature=0.7,lr_scheduler_type=constant"; empty: none), each in its own folder, for the eval curve and the
@@ -18,8 +19,8 @@
 #   settings over the preset's; empty: none), e.g. GPU_SFT_PROBES="400; 400 num_train_epochs=12; 1200": "24gb"'s whole
 #   SFT of SmolLM2 on the first TRAIN_DAYS train days of one bundle of their own, scored greedily on its 200 eval days;
 # - beside them, tests/gpu/test_async_grpo.py on the random Qwen3-4B shape (GPU_ASYNC_TEST=0: not run), and
-#   tests/gpu/test_vllm_play.py, play on vLLM (from 4-bit weights, then 16-bit with the LoRA folded in and as vLLM's
-#   LoRA layers) against transformers' generate with SmolLM2 (GPU_PLAY_TEST=0: not run);
+#   tests/gpu/test_vllm_play.py, play on vLLM (from 4-bit weights, then from 16-bit with the LoRA folded in) against
+#   transformers' generate with SmolLM2 (GPU_PLAY_TEST=0: not run);
 # - with GPU_EXPERT_REPLAY=1, first, bench/expert_replay.py: notebook 02's replay of 2,000 expert episodes;
 # - once the notebooks are done, on the idle card: bench/gpu_grpo.py on the Qwen3-4B shape held to 24 GB, the variants
 #   GPU_VARIANTS names, in order, as long as the deadline allows (GPU_VARIANTS= : none); runs of their own apart by
@@ -71,11 +72,13 @@ fi
 python3 -m agentenv_nb.tasks.gridsim "$WORK/gridsim-gpu" --train "${GPU_TRAIN_DAYS:-2000}" --eval "${GPU_EVAL_DAYS:-200}" \
   --overwrite
 
-notebooks() {  # notebooks PRESET: the four notebooks on PRESET, logged to WORK/PRESET.log
-  mkdir -p "$WORK/$1"
-  GPU_NOTEBOOKS_OUT=$WORK/$1 AGENTENV_NB_PRESET=$1 AGENTENV_NB_BUNDLE=$WORK/gridsim-gpu \
+notebooks() {  # notebooks PRESET[,NAME=VALUE...]: the four notebooks on PRESET with those environment variables
+  local preset=${1%%,*} run=${1//\//_} vars=()  # (e.g. "16bit,UNSLOTH_VLLM_MERGED_ROLLOUT=0"), in WORK/RUN, RUN.log:
+  [[ $1 == *,* ]] && IFS=, read -ra vars <<< "${1#*,}"  # RUN is the word, each "/" a "_"
+  mkdir -p "$WORK/$run"
+  env "${vars[@]}" GPU_NOTEBOOKS_OUT="$WORK/$run" AGENTENV_NB_PRESET="$preset" AGENTENV_NB_BUNDLE="$WORK/gridsim-gpu" \
     timeout -k 10 "$(left)" python3 -m pytest tests/gpu/test_notebooks.py -o addopts= -q -s -p no:cacheprovider \
-    > "$WORK/$1.log" 2>&1
+    > "$WORK/$run.log" 2>&1
   say "notebooks $1: exit $?"
 }
 probes() {  # GRPO from the "24gb" notebooks' warm start with each setting of GPU_PROBES
@@ -115,15 +118,13 @@ async_test() {
       -q -p no:cacheprovider > "$WORK/async_test.log" 2>&1
   say "async test: exit $?"
 }
-play_test() {  # one vLLM engine a process, from 4-bit weights, then 16-bit with the LoRA folded in (Unsloth's
-               # default there), then 16-bit with the LoRA as vLLM's own layers: a fold's fault told apart
-  local run preset fold
-  for run in 24gb:auto 16bit:auto 16bit:0; do
-    preset=${run%:*} fold=${run#*:}
-    room "play test, $run" || return
-    UNSLOTH_VLLM_MERGED_ROLLOUT=$fold timeout -k 10 "$(left)" python3 -m pytest tests/gpu/test_vllm_play.py \
-      -k "$preset" -o addopts= -q -s -p no:cacheprovider > "$WORK/play_test_${preset}_$fold.log" 2>&1
-    say "play test, $run: exit $?"
+play_test() {  # one vLLM engine a process: from 4-bit weights ("24gb"), then from 16-bit ("16bit", the LoRA folded in)
+  local preset
+  for preset in 24gb 16bit; do
+    room "play test, $preset" || return
+    timeout -k 10 "$(left)" python3 -m pytest tests/gpu/test_vllm_play.py -k "$preset" -o addopts= -q -s \
+      -p no:cacheprovider > "$WORK/play_test_$preset.log" 2>&1
+    say "play test, $preset: exit $?"
   done
 }
 if [[ ${GPU_SESSION:-} == probes ]]; then
