@@ -27,9 +27,6 @@ from tests.gpu.test_gpu_path import _cuda
 
 pytestmark = pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU: run it on a GPU machine (bench/gpu_session.sh)")
 
-CARD_GB = {"24gb": "24", "16bit": "48"}
-
-
 class GpuMemory(threading.Thread):
     """Peak GPU memory, read from nvidia-smi each second: of this process's children (the notebooks' kernels, each
     process whole: CUDA context, vLLM and PyTorch), and of the card (other runs on it included)."""
@@ -72,14 +69,16 @@ def use_gpu_parameters(out: Path) -> str:
     return the preset."""
     from agentenv_nb.settings import PREFIX
     from agentenv_nb.tasks.gridsim import write_bundle
+    from agentenv_nb.train.presets import PRESETS
 
     preset = os.environ.setdefault(PREFIX + "PRESET", "24gb")
+    card_gb = getattr(PRESETS.get(preset), "gpu_gb", None)  # each preset held to its own card
     if PREFIX + "BUNDLE" not in os.environ:
         train_days = int(os.environ.get("GPU_TRAIN_DAYS", "2000"))
         os.environ[PREFIX + "BUNDLE"] = str(write_bundle(out / "gridsim-gpu", train=train_days, eval=200,
                                                          overwrite=True))
     for name, value in {"MODEL": smollm2_gguf(), "RUN_DIR": str(out / "run"), "SANDBOX": "process",
-                        "EVAL_DAYS": "200", "GPU_MEMORY_GB": CARD_GB.get(preset, ""), "DISTILL_ROUNDS": "0",
+                        "EVAL_DAYS": "200", "GPU_MEMORY_GB": f"{card_gb:g}" if card_gb else "", "DISTILL_ROUNDS": "0",
                         "LIBRARY_LOG": str(out / "agentenv_nb.log")}.items():
         if value:
             os.environ.setdefault(PREFIX + name, value)
