@@ -69,8 +69,8 @@ if [[ ${GPU_SESSION:-} == scale ]]; then  # one GPU, then two, in one table; eac
   done
   exit
 fi
-python3 -m agentenv_nb.tasks.gridsim "$WORK/gridsim-gpu" --train "${GPU_TRAIN_DAYS:-2000}" --eval "${GPU_EVAL_DAYS:-200}" \
-  --overwrite
+python3 -m agentenv_nb.tasks.gridsim "$WORK/gridsim-gpu" --train "${GPU_TRAIN_DAYS:-2000}" \
+  --eval "${GPU_EVAL_DAYS:-200}" --overwrite
 
 notebooks() {  # notebooks PRESET[,NAME=VALUE...]: the four notebooks on PRESET with those environment variables
   local preset=${1%%,*} run=${1//\//_} vars=()  # (e.g. "16bit,UNSLOTH_VLLM_MERGED_ROLLOUT=0"), in WORK/RUN, RUN.log:

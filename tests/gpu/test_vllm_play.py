@@ -5,9 +5,9 @@ weights, the LoRA as vLLM's punica layers, held to an L4's 24 GB; "16bit" from 1
 shares, the LoRA folded into them for each generation (Unsloth's merged-weight rollouts), held to 48 GB; fine-tuned
 (LoRA) on GridSim expert demonstrations until it calls the tools. The same eval days played greedily on each engine
 make (on nearly every day) the same tool calls and score the same on average; both engines' times are printed (a
-benchmark's figure, not asserted). Before SFT the model calls (almost) no tool (it repeats the template's tool preamble), so many
-tool calls on vLLM after SFT show that vLLM generated from the trained LoRA weights, not the base. Skipped without a
-CUDA GPU or without vLLM.
+benchmark's figure, not asserted). Before SFT the model calls (almost) no tool (it repeats the template's tool
+preamble), so many tool calls on vLLM after SFT show that vLLM generated from the trained LoRA weights, not the base.
+Skipped without a CUDA GPU or without vLLM.
 
     pytest tests/gpu/test_vllm_play.py -o addopts= -s -k 24gb    # prints both engines' times; one engine a process
 """
