@@ -25,7 +25,7 @@
 # - once the notebooks are done, on the idle card: bench/gpu_grpo.py on the Qwen3-4B shape held to 24 GB, the variants
 #   GPU_VARIANTS names, in order, as long as the deadline allows (GPU_VARIANTS= : none); runs of their own apart by
 #   ";", each its variants and gpu_grpo.py's options (a --tag each: each run's report is grpo_24gb<tag>.json), e.g.
-#   GPU_VARIANTS="bare,kit; kit-16bit --load gpu_memory_utilization=0.11 --tag _kv; kit-async --set token_budget=0 --tag _tb"
+#   GPU_VARIANTS="bare,kit,kit-4bit; kit-async --budget-s 130 --tag _async; kit-fp8 --tag _fp8"
 #   before them, with GPU_SFT_STEP=1, bench/gpu_sft.py's SFT step on that shape held to 24 GB, and before that, with
 #   GPU_EXPERT_STEP=S, bench/expert_step.py: a tool-heavy step's env work (32 rollouts, 8 server processes) against a
 #   step of S seconds.
@@ -158,7 +158,7 @@ if [[ -n ${GPU_EXPERT_STEP:-} ]] && room "expert step"; then  # CPU work: first,
     --step-s "$GPU_EXPERT_STEP" > "$WORK/expert_step.log" 2>&1
   say "expert step: exit $?"
 fi
-grpo=${GPU_VARIANTS-bare,kit,kit-16bit}
+grpo=${GPU_VARIANTS-bare,kit,kit-4bit}
 [[ -n $grpo || ${GPU_SFT_STEP:-0} == 1 ]] || { say done; exit; }
 [[ -f $WORK/q4b/config.json ]] || q4b
 if [[ ${GPU_SFT_STEP:-0} == 1 ]] && room "sft step"; then

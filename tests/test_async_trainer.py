@@ -17,6 +17,7 @@ def test_the_async_config_keeps_the_recipes_settings_it_takes(tmp_path):
                                                       "chat_template_kwargs", "max_steps", "seed", "warmup_steps")}
     assert kept == {name: sync[name] for name in kept}
     assert config.max_inflight_tasks == 32 and config.eval_strategy.value == "no"  # a step's rollouts, no eval loop
+    assert config.token_budget == 0  # a step trains all 32 (micro-batches of 8), not what rows of max_model_len hold
     assert configs.config_drift(config, presets.async_grpo_kwargs("24gb", output_dir=str(tmp_path), max_steps=7)) == {}
 
 

@@ -41,9 +41,9 @@ def test_each_rank_holds_its_own_gpu_to_the_preset_card_and_sizes_vllm_there(mon
     monkeypatch.setenv("LOCAL_RANK", str(rank))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.delenv("AGENTENV_NB_GPU_MEMORY_GB", raising=False)
-    card = gpus.totals[rank]
+    card, four_bit = gpus.totals[rank], dataclasses.replace(presets.PRESETS["24gb"], vllm_weights="4bit")
     # the preset's card: vLLM gets half of 24 GB of this rank's GPU, uncapped or capped
-    assert presets.model_kwargs("24gb", "m", fast_inference=True)["gpu_memory_utilization"] == round(12e9 / card, 4)
+    assert presets.model_kwargs(four_bit, "m", fast_inference=True)["gpu_memory_utilization"] == round(12e9 / card, 4)
     monkeypatch.setenv("AGENTENV_NB_GPU_MEMORY_GB", "24")
     vllm_sizing.hold_to_budget()  # as load_model does, before Unsloth loads
     assert gpus.fractions[rank] == pytest.approx(24e9 / card) and gpus.fractions[1 - rank] == 1.0  # not GPU 0's
@@ -51,21 +51,21 @@ def test_each_rank_holds_its_own_gpu_to_the_preset_card_and_sizes_vllm_there(mon
     monkeypatch.delenv("AGENTENV_NB_GPU_MEMORY_GB")
     gpus.fractions[rank] = 16e9 / card  # a cap the user set on this rank's GPU is read there
     assert vllm_sizing.gpu_memory() == (card, pytest.approx(16e9))
-    assert presets.model_kwargs("24gb", "m", fast_inference=True)["gpu_memory_utilization"] == round(8e9 / card, 4)
+    assert presets.model_kwargs(four_bit, "m", fast_inference=True)["gpu_memory_utilization"] == round(8e9 / card, 4)
 
 
 def test_each_rank_chooses_vllms_weights_by_its_own_gpu(monkeypatch, tmp_path):
     from transformers import Qwen3Config
 
-    Qwen3Config(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=16).save_pretrained(tmp_path)
+    Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128).save_pretrained(tmp_path)  # Qwen3-8B's
     gpus = TwoGPUs(monkeypatch, available=False)  # transformers counts the weights on the meta device
     gpus.capabilities = [(9, 0), (8, 9)]  # GPU 1 has no fp8 Unsloth quantizes to
-    auto = dataclasses.replace(presets.PRESETS["24gb"], vllm_weights="auto")
+    # 16.4 GB of 16-bit weights don't fit vLLM's share of a 24 GB card on either: fp8 where the GPU has it
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert presets.vllm_weights(auto, str(tmp_path)) == "16bit"
+    assert presets.vllm_weights("24gb", str(tmp_path)) == "4bit"
     monkeypatch.setenv("LOCAL_RANK", "0")
-    assert presets.vllm_weights(auto, str(tmp_path)) == "fp8"
+    assert presets.vllm_weights("24gb", str(tmp_path)) == "fp8"
 
 
 def test_a_launch_that_cant_train_is_refused_in_one_line(monkeypatch):

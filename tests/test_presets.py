@@ -68,8 +68,9 @@ def test_a_preset_is_data_a_user_lists_compares_and_copies(tmp_path):
     assert listed.loc["temperature", "preset"] == 1.1 and listed.loc["load_in_4bit", "part"] == "model"
     assert set(listed.index) == {field.name for field in dataclasses.fields(recipe)} - {"name"}
     assert presets.differences("24gb", "16bit") == {  # the L40S row: 16-bit LoRA on a 48 GB card
-        "gpu_gb": (24.0, 48.0), "gpu_need_gb": (19.0, 40.0), "gpu_need_gb_without_vllm": (13.0, 25.0),
-        "load_in_4bit": (True, False), "vllm_weights": ("4bit", "16bit"), "generation_parts_without_vllm": (2, 1)}
+        "gpu_gb": (24.0, 48.0), "gpu_need_gb": (21.0, 40.0), "gpu_need_gb_without_vllm": (13.0, 25.0),
+        "load_in_4bit": (True, False), "vllm_share_16bit": (0.69, 0.5), "vllm_weights": ("auto", "16bit"),
+        "generation_parts_without_vllm": (2, 1)}
     with pytest.raises(dataclasses.FrozenInstanceError):
         recipe.temperature = 0.9
     mine = dataclasses.replace(recipe, name="mine", temperature=0.9, lora_r=16, sft_learning_rate=5e-5)

@@ -1,6 +1,6 @@
-"""The precision of vLLM's weights (which LoRA trains on) by the card: fp8 where Unsloth quantizes to it, 16-bit
-where the weights fit, 4-bit otherwise; a user names another. And the Unsloth and vLLM internals the fp8 choice
-builds on (Unsloth 2026.10.9, vLLM 0.29.0), which fail here loudly when they change."""
+"""The precision of vLLM's weights (which LoRA trains on) by the card: 16-bit where the weights and a step's KV cache
+fit, else fp8 where Unsloth quantizes to it, else 4-bit; a user names another. And the Unsloth and vLLM internals
+the fp8 choice builds on (Unsloth 2026.10.9, vLLM 0.29.0), which fail here loudly when they change."""
 
 import dataclasses
 import inspect
@@ -10,31 +10,40 @@ import pytest
 from agentenv_nb.stack import import_unsloth
 from agentenv_nb.train import presets, vllm_sizing
 
-QWEN3_4B_16BIT = 8.04e9  # Qwen3-4B's 4.02 B parameters in 16-bit
-VLLM_24GB = 12e9  # the "24gb" preset's vLLM: half of 24 GB
+QWEN3_4B_16BIT, QWEN3_8B_16BIT = 8.04e9, 16.4e9  # 4.02 B and 8.19 B parameters in 16-bit
+QWEN3_KV_STEP = 32 * 1024 * 147456  # 32 rollouts of 1,024 tokens; 36 layers x 8 KV heads x 128 x 2 x 2 bytes a token
+VLLM_16BIT_24GB = 0.69 * 24e9  # the "24gb" preset's vLLM with 16-bit weights
 
 
-@pytest.mark.parametrize(("capability", "weights", "choice", "words"), [
-    ((9, 0), QWEN3_4B_16BIT, "fp8", "compute capability 9.0) has fp8"),  # H100, H200
-    ((12, 0), QWEN3_4B_16BIT, "fp8", "has fp8"),  # RTX 50
-    ((8, 9), QWEN3_4B_16BIT, "4bit", "16-bit weights' 8.0 GB exceed 50% of vLLM's 12.0 GB"),  # the L4, RTX 40
-    ((8, 9), 0.27e9, "16bit", "16-bit weights' 0.3 GB fit 50% of vLLM's 12.0 GB"),  # SmolLM2-135M on an L4
-    ((8, 0), 6e9, "16bit", "no fp8 Unsloth quantizes to on the fly (from 9.0)"),  # A100, just fitting
-    ((7, 5), 6.1e9, "4bit", "exceed"),  # T4 (Colab's free card)
-])
-def test_the_card_chooses_the_fastest_precision_and_says_why_in_one_line(capability, weights, choice, words):
-    chosen, why = vllm_sizing.choose_weights(capability, VLLM_24GB, weights)
-    assert chosen == choice and words in why and "\n" not in why
-    assert why.startswith({"fp8": "fp8 weights", "16bit": "16-bit weights", "4bit": "4-bit weights"}[choice])
-
-
-def test_the_16bit_weights_are_counted_from_the_config_alone(tmp_path):
+def qwen3_4b_config(folder):
     from transformers import Qwen3Config
 
     Qwen3Config(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True
-                ).save_pretrained(tmp_path)  # Qwen3-4B's published shape, no weights
-    assert vllm_sizing.weights_16bit_bytes(str(tmp_path)) == pytest.approx(QWEN3_4B_16BIT, rel=0.01)
+                ).save_pretrained(folder)  # Qwen3-4B's published shape, no weights
+    return str(folder)
+
+
+@pytest.mark.parametrize(("capability", "vllm_bytes", "weights", "choice", "words"), [
+    ((8, 9), VLLM_16BIT_24GB, QWEN3_4B_16BIT, "16bit", "(8.0 GB) and a step's KV cache (4.8 GB) fit the 16.6 GB"),  # L4
+    ((9, 0), VLLM_16BIT_24GB, QWEN3_4B_16BIT, "16bit", "fit"),  # H100, H200: faster than their fp8
+    ((9, 0), VLLM_16BIT_24GB, QWEN3_8B_16BIT, "fp8", "exceed the 16.6 GB vLLM may take, and this card (compute "
+                                                     "capability 9.0) has fp8"),
+    ((12, 0), VLLM_16BIT_24GB, QWEN3_8B_16BIT, "fp8", "has fp8"),  # RTX 50
+    ((8, 9), VLLM_16BIT_24GB, QWEN3_8B_16BIT, "4bit", "no fp8 Unsloth quantizes to on the fly (from 9.0)"),
+    ((7, 5), 0.69 * 15e9, QWEN3_4B_16BIT, "4bit", "exceed the 10.3 GB"),  # T4 (Colab's free card)
+])
+def test_the_card_chooses_the_fastest_precision_and_says_why_in_one_line(capability, vllm_bytes, weights, choice,
+                                                                         words):
+    chosen, why = vllm_sizing.choose_weights(capability, vllm_bytes, weights, QWEN3_KV_STEP)
+    assert chosen == choice and words in why and "\n" not in why
+    assert why.startswith({"fp8": "fp8 weights", "16bit": "16-bit weights", "4bit": "4-bit weights"}[choice])
+
+
+def test_the_16bit_weights_and_a_steps_kv_cache_are_counted_from_the_config_alone(tmp_path):
+    model = qwen3_4b_config(tmp_path)
+    assert vllm_sizing.weights_16bit_bytes(model) == pytest.approx(QWEN3_4B_16BIT, rel=0.01)
+    assert vllm_sizing.kv_cache_bytes(model, 32 * 1024) == QWEN3_KV_STEP
 
 
 @pytest.mark.parametrize(("weights", "loaded_in"), [
@@ -50,14 +59,28 @@ def test_a_named_precision_is_what_unsloth_loads_with_vllm(weights, loaded_in):
         "model_name": "m", "max_seq_length": 4096, "load_in_4bit": True, "fast_inference": False, "max_lora_rank": 32}
 
 
-def test_the_24gb_preset_generates_from_the_recipes_4bit_weights_and_auto_is_a_choice_a_user_names():
-    assert presets.PRESETS["24gb"].vllm_weights == "4bit" and presets.PRESETS["16bit"].vllm_weights == "16bit"
-    assert presets.model_kwargs("24gb", "m", fast_inference=True, gpu_memory_utilization=0.25)["load_in_4bit"]
+@pytest.mark.parametrize(("card", "total", "weights", "share"), [
+    ("L4", 23.6e9, "16bit", 0.69), ("T4", 15.8e9, "4bit", 0.5)])
+def test_the_24gb_preset_loads_qwen3_4b_in_what_the_card_fits(monkeypatch, tmp_path, capsys, card, total, weights,
+                                                              share):
+    import torch
+
+    for name, fake in {"is_available": lambda: True, "current_device": lambda: 0,
+                       "mem_get_info": lambda *_: (total, total), "get_per_process_memory_fraction": lambda *_: 1.0,
+                       "get_device_capability": lambda *_: (8, 9) if card == "L4" else (7, 5)}.items():
+        monkeypatch.setattr(torch.cuda, name, fake)
+    monkeypatch.delenv("AGENTENV_NB_GPU_MEMORY_GB", raising=False)
+    kwargs = presets.model_kwargs("24gb", qwen3_4b_config(tmp_path), fast_inference=True)
+    assert kwargs["load_in_4bit"] == (weights == "4bit") and "load_in_fp8" not in kwargs
+    assert kwargs["gpu_memory_utilization"] == round(share, 4)  # of the whole card: it is the preset's own size
+    said = capsys.readouterr().out
+    assert said.count("\n") == 1 and said.startswith(f"agentenv_nb: vLLM generates from {weights[:-3]}-bit weights")
+    assert "vllm_weights=..." in said  # and how to name another
 
 
 def test_an_unknown_precision_is_refused_in_one_line():
     mine = dataclasses.replace(presets.PRESETS["24gb"], vllm_weights="int8")
-    with pytest.raises(ValueError, match=r"vllm_weights='int8': choose 'auto' or one of \('fp8', '16bit', '4bit'\)"):
+    with pytest.raises(ValueError, match=r"vllm_weights='int8': choose 'auto' or one of \('16bit', 'fp8', '4bit'\)"):
         presets.model_kwargs(mine, "m", fast_inference=True, gpu_memory_utilization=0.25)
 
 

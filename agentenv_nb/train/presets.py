@@ -2,8 +2,8 @@
 GRPO and SFT arguments are pure functions of a preset.
 
 ``"24gb"`` is the Unsloth GridSim recipe (https://www.agentenvframework.com/docs/training/unsloth) on a 24 GB GPU
-(4-bit QLoRA, vLLM generating from the same 4-bit weights), and ``Preset``'s defaults are its settings; ``"16bit"`` is
-the same in 16-bit LoRA (the L40S row),
+(4-bit QLoRA, vLLM generating from the same 4-bit weights; 16-bit or fp8 weights instead where they fit the card,
+being faster), and ``Preset``'s defaults are its settings; ``"16bit"`` is the same in 16-bit LoRA (the L40S row),
 ``"cpu-tiny"`` the same recipe shrunk for the tiny offline model on a CPU (only: on a GPU, Unsloth turns bf16
 autocast on for the float32 tiny model). Every argument Unsloth's GRPOConfig/SFTConfig would change when left unset
 is set here, and each config is checked after it is built (``configs``), so a run's settings are TRL's and ours, not
@@ -51,8 +51,8 @@ class Preset:
     name: str
     # The machine it is made for
     gpu_gb: float | None = _part("machine", 24.0)  # the card (an L4); vLLM gets at most a share of it. None: a CPU
-    gpu_need_gb: float = _part("machine", 19.0)  # free GPU memory the GRPO run needs with vLLM: the whole process's
-    # peak, measured in docs/benchmarks.md
+    gpu_need_gb: float = _part("machine", 21.0)  # free GPU memory the GRPO run needs with vLLM: the whole process's
+    # peak, measured in docs/benchmarks.md (Qwen3-4B: 20.8 GiB with 16-bit weights, 16.6 with 4-bit)
     gpu_need_gb_without_vllm: float = _part("machine", 13.0)  # the same with transformers' generate
     torch_threads: int | None = _part("machine", None)  # torch's CPU threads; None: torch's default
     # FastLanguageModel.from_pretrained
@@ -60,12 +60,14 @@ class Preset:
     max_seq_length: int = _part("model", 4096)
     dtype: str | None = _part("model", None)  # a torch dtype's name; None: Unsloth's (its GPU loader takes no names)
     vllm: bool = _part("model", True)  # fast_inference: generate on Unsloth's colocated vLLM, where vLLM imports
-    vllm_share: float = _part("model", 0.5)  # of the memory the run may use, vLLM's: the recipe's
-    # gpu_memory_utilization, taken of at most gpu_gb (vllm_sizing)
-    vllm_weights: str = _part("model", "4bit")  # with vLLM, the weights it generates from and LoRA trains on: "4bit",
-    # "16bit", "fp8", or "auto", the card's choice (vllm_sizing.choose_weights); without vLLM, load_in_4bit's. 4-bit:
-    # on the H200 held to 24 GB, fp8 generated the Qwen3-4B shape's step in 45.8 s against 4-bit's 18.2 s
-    # (docs/benchmarks.md), and 16-bit's rollouts there are still to be measured
+    vllm_share: float = _part("model", 0.5)  # of the memory the run may use, vLLM's with 4-bit or fp8 weights: the
+    # recipe's gpu_memory_utilization, taken of at most gpu_gb (vllm_sizing)
+    vllm_share_16bit: float = _part("model", 0.69)  # the same with 16-bit weights, 8 GB of Qwen3-4B: beside them a
+    # KV cache for all 32 rollouts at once; its GRPO step's whole process peaked at 22.3 GB (docs/benchmarks.md)
+    vllm_weights: str = _part("model", "auto")  # with vLLM, the weights it generates from and LoRA trains on: "4bit"
+    # (the recipe's), "16bit", "fp8", or "auto": the fastest that fits this card, said in one line (vllm_sizing).
+    # Without vLLM, load_in_4bit's. On the H200 held to 24 GB, the Qwen3-4B shape's GRPO step took 12.0 s in 16-bit,
+    # 16.2 s in fp8 and 18.7 s in 4-bit (docs/benchmarks.md)
     # FastLanguageModel.get_peft_model
     lora_r: int = _part("lora", 32)
     lora_alpha: int = _part("lora", 64)
@@ -144,7 +146,7 @@ class Preset:
 PRESETS = {preset.name: preset for preset in (
     Preset("24gb"),
     Preset("16bit", gpu_gb=48.0, gpu_need_gb=40.0, gpu_need_gb_without_vllm=25.0,  # the L40S; vLLM takes half
-           load_in_4bit=False, vllm_weights="16bit", generation_parts_without_vllm=1),
+           load_in_4bit=False, vllm_share_16bit=0.5, vllm_weights="16bit", generation_parts_without_vllm=1),
     Preset("cpu-tiny", gpu_gb=None, gpu_need_gb=0.0, gpu_need_gb_without_vllm=0.0,
            torch_threads=1,  # its small CPU host also runs the envs and their server, which more threads spin against
            load_in_4bit=False, max_seq_length=1024, dtype="float32", vllm=False,
@@ -241,7 +243,7 @@ def _say(line: str) -> None:
 
 def vllm_weights(preset: Preset | str, model_name: str) -> str:
     """The precision vLLM generates ``model_name`` in for ``preset`` (one of ``vllm_sizing.WEIGHTS``): the preset's,
-    or for "auto" the fastest this card takes, said in one line (once)."""
+    or for "auto" the fastest that fits this card, said in one line (once)."""
     preset = named(preset)
     if preset.vllm_weights not in ("auto", *vllm_sizing.WEIGHTS):
         raise ValueError(f"vllm_weights={preset.vllm_weights!r}: choose 'auto' or one of {vllm_sizing.WEIGHTS}")
@@ -249,13 +251,22 @@ def vllm_weights(preset: Preset | str, model_name: str) -> str:
         return preset.vllm_weights
     import torch
 
-    card, allowed = vllm_sizing.gpu_memory()
-    vllm_bytes = card * vllm_sizing.gpu_memory_utilization(preset.vllm_share, card, allowed, preset.gpu_gb * 1e9)
-    choice, why = vllm_sizing.choose_weights(torch.cuda.get_device_capability(vllm_sizing.this_gpu()), vllm_bytes,
-                                             vllm_sizing.weights_16bit_bytes(model_name))
+    card = vllm_sizing.gpu_memory()[0]
+    rollouts = preset.per_device_train_batch_size * preset.gradient_accumulation_steps  # generated at once
+    choice, why = vllm_sizing.choose_weights(
+        torch.cuda.get_device_capability(vllm_sizing.this_gpu()), card * _vllm_utilization(preset, "16bit"),
+        vllm_sizing.weights_16bit_bytes(model_name),
+        vllm_sizing.kv_cache_bytes(model_name, rollouts * preset.max_completion_length))
     _say(f"agentenv_nb: vLLM generates from {why}. Name another with "
          f"dataclasses.replace(preset, vllm_weights=...), one of {vllm_sizing.WEIGHTS}.")
     return choice
+
+
+def _vllm_utilization(preset: Preset, weights: str) -> float:
+    """vLLM's ``gpu_memory_utilization`` for ``preset`` with weights in ``weights``: its share of the memory the run
+    may use."""
+    share = preset.vllm_share_16bit if weights == "16bit" else preset.vllm_share
+    return vllm_sizing.gpu_memory_utilization(share, *vllm_sizing.gpu_memory(), made_for_bytes=preset.gpu_gb * 1e9)
 
 
 def model_kwargs(preset: Preset | str, model_name: str, **overrides: Any) -> dict:
@@ -266,11 +277,11 @@ def model_kwargs(preset: Preset | str, model_name: str, **overrides: Any) -> dic
     use_vllm = overrides.pop("fast_inference") if "fast_inference" in overrides else fast_inference(preset)
     kwargs = {"model_name": model_name, "max_seq_length": preset.max_seq_length, "load_in_4bit": preset.load_in_4bit,
               "fast_inference": use_vllm, "max_lora_rank": preset.lora_r}
-    if kwargs["fast_inference"]:
-        kwargs.update(_LOADED_IN[vllm_weights(preset, model_name)])
-    if kwargs["fast_inference"] and "gpu_memory_utilization" not in overrides:  # a share of the WHOLE card
-        kwargs["gpu_memory_utilization"] = vllm_sizing.gpu_memory_utilization(
-            preset.vllm_share, *vllm_sizing.gpu_memory(), made_for_bytes=preset.gpu_gb * 1e9)
+    if use_vllm:
+        weights = vllm_weights(preset, model_name)
+        kwargs.update(_LOADED_IN[weights])
+        if "gpu_memory_utilization" not in overrides:  # a share of the WHOLE card
+            kwargs["gpu_memory_utilization"] = _vllm_utilization(preset, weights)
     if preset.dtype is not None:
         import torch
 
@@ -394,16 +405,17 @@ def async_grpo_kwargs(preset: Preset | str, output_dir: str = "outputs", max_ste
     """The AsyncGRPOConfig arguments of a preset (``train.grpo.async_grpo_trainer``): its GRPO settings that TRL's
     AsyncGRPOTrainer takes. That trainer has a loss of its own (each token's clipped ratio over the step's tokens:
     no loss_type, scale_rewards or beta, which the recipe sets to 0), generates ahead (``max_staleness``) instead of
-    ``steps_per_generation``, and has no eval loop. Its step trains on the rollouts its ``token_budget`` packs into
-    ``gradient_accumulation_steps`` rows of at most vLLM's ``max_model_len`` tokens: 8, not 32, on the Qwen3-4B
-    shape's 1,024-token completions (docs/benchmarks.md). Rollouts in flight, each an env session: a step's."""
+    ``steps_per_generation``, and has no eval loop. Its step trains on the preset's rollouts, a micro-batch of
+    ``per_device_train_batch_size`` each (``token_budget=0``): TRL's default packs rows of vLLM's ``max_model_len``
+    tokens instead, 8 rollouts a step, not 32, on the Qwen3-4B shape (docs/benchmarks.md). Rollouts in flight, each
+    an env session: a step's."""
     import_unsloth()  # before trl
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     kwargs = grpo_kwargs(preset, output_dir, max_steps, save_steps, resume, model_name)
     taken = {field.name for field in dataclasses.fields(AsyncGRPOConfig)}
     kwargs = {name: value for name, value in kwargs.items() if name in taken}
-    kwargs = {**kwargs, "eval_strategy": "no", "eval_on_start": False, **overrides}
+    kwargs = {**kwargs, "eval_strategy": "no", "eval_on_start": False, "token_budget": 0, **overrides}
     kwargs.setdefault("max_inflight_tasks",
                       kwargs["per_device_train_batch_size"] * kwargs["gradient_accumulation_steps"])
     return kwargs

@@ -1,5 +1,5 @@
 """How much of the GPU Unsloth's colocated vLLM (``fast_inference=True``) may take, and in what precision its
-weights (which the LoRA training shares) fit the card: fp8, 16-bit or 4-bit.
+weights (which the LoRA training shares) fit the card: 16-bit, fp8 or 4-bit.
 
 vLLM's ``gpu_memory_utilization`` is a share of the WHOLE card, so a recipe's 0.5 means half of an H200 there, far
 more than the 24 GB card the recipe was written for. Here the share is taken of the memory the run may use (the
@@ -9,14 +9,13 @@ on N GPUs each process sizes and caps its own, as one such card each.
 
     utilization = gpu_memory_utilization(0.5, *gpu_memory(), made_for_bytes=24e9)
     hold_to_budget()   # with AGENTENV_NB_GPU_MEMORY_GB=24 on a larger card: the whole run as on a 24 GB one
-    choice, why = choose_weights((9, 0), vllm_bytes=12e9, weights_16bit_bytes=8.0e9)   # "fp8", and a line saying why
+    choice, why = choose_weights((8, 9), vllm_16bit_bytes=16.6e9, weights_16bit_bytes=8.0e9, kv_cache_bytes=4.8e9)
 
-The precision (``Preset.vllm_weights``): the presets name 4-bit, the recipe's, measured end to end here; "auto" picks
-by the card as Unsloth's docs rank them (https://docs.unsloth.ai/, "FP8 Reinforcement Learning"): fp8 where Unsloth
-quantizes to it (``load_in_fp8=True``: vLLM's online per-channel fp8, the training model's frozen base the same fp8
-weights, LoRA in 16-bit), 16-bit where those weights take at most half of vLLM's memory (the rest is the KV cache of a
-step's rollouts), else 4-bit. On the H200 held to 24 GB, fp8 generated the Qwen3-4B shape's step 2.5x slower than
-4-bit (docs/benchmarks.md), so "auto" is a choice a user names, not a preset's.
+The precision (``Preset.vllm_weights``; "auto", the card's choice) in the order a GRPO step on the Qwen3-4B shape
+ran on the H200 held to 24 GB (docs/benchmarks.md): 16-bit where the weights and a step's KV cache fit the share
+vLLM takes with them (1.6x faster than the recipe's 4-bit), else fp8 where Unsloth quantizes to it as it loads
+(``load_in_fp8=True``: vLLM's online per-channel fp8, the training model's frozen base the same weights; 1.2x), else
+the recipe's 4-bit.
 """
 
 from __future__ import annotations
@@ -25,12 +24,11 @@ import os
 
 from agentenv_nb import settings
 
-WEIGHTS = ("fp8", "16bit", "4bit")  # in the order "auto" tries them
+WEIGHTS = ("16bit", "fp8", "4bit")  # in the order "auto" tries them
 # Unsloth 2026.10.9 quantizes to fp8 on the fly from compute capability 9.0 (Hopper, Blackwell): it refuses Ada
 # (8.9: the L4, RTX 40), whose cards have fp8 too (loader_utils._get_fp8_mode_and_check_settings; tests/test_presets.py
 # fails when that changes)
 FP8_FROM = (9, 0)
-KV_CACHE_SHARE = 0.5  # of vLLM's memory, kept for the KV cache when choosing 16-bit weights
 
 
 def this_gpu() -> int:
@@ -82,17 +80,22 @@ def gpu_memory_utilization(share: float, card_bytes: float, allowed_bytes: float
     return round(share * budget / card_bytes, 4)
 
 
-def choose_weights(capability: tuple[int, int], vllm_bytes: float, weights_16bit_bytes: float) -> tuple[str, str]:
-    """The fastest precision of ``WEIGHTS`` for vLLM's weights on a card of compute ``capability`` where vLLM may take
-    ``vllm_bytes`` and the model's weights are ``weights_16bit_bytes`` in 16-bit; and one line saying why."""
+def choose_weights(capability: tuple[int, int], vllm_16bit_bytes: float, weights_16bit_bytes: float,
+                   kv_cache_bytes: float) -> tuple[str, str]:
+    """The fastest precision of ``WEIGHTS`` for vLLM's weights on a card of compute ``capability``, where vLLM may
+    take ``vllm_16bit_bytes`` with 16-bit weights of ``weights_16bit_bytes`` and a step needs ``kv_cache_bytes`` of
+    KV cache; and one line saying why."""
+    need = weights_16bit_bytes + kv_cache_bytes
+    room = (f"the 16-bit weights ({weights_16bit_bytes / 1e9:.1f} GB) and a step's KV cache "
+            f"({kv_cache_bytes / 1e9:.1f} GB) {'fit' if need <= vllm_16bit_bytes else 'exceed'} the "
+            f"{vllm_16bit_bytes / 1e9:.1f} GB vLLM may take")
+    if need <= vllm_16bit_bytes:
+        return "16bit", f"16-bit weights: {room}"
     card = f"compute capability {capability[0]}.{capability[1]}"
     if tuple(capability) >= FP8_FROM:
-        return "fp8", f"fp8 weights: this card ({card}) has fp8, which Unsloth quantizes to as it loads"
-    fits = weights_16bit_bytes <= (1 - KV_CACHE_SHARE) * vllm_bytes
-    no_fp8 = (f"this card ({card}) has no fp8 Unsloth quantizes to on the fly (from {FP8_FROM[0]}.{FP8_FROM[1]})")
-    room = (f"the 16-bit weights' {weights_16bit_bytes / 1e9:.1f} GB {'fit' if fits else 'exceed'} "
-            f"{1 - KV_CACHE_SHARE:.0%} of vLLM's {vllm_bytes / 1e9:.1f} GB, the rest its KV cache")
-    return ("16bit" if fits else "4bit"), f"{'16-bit' if fits else '4-bit'} weights: {no_fp8}; {room}"
+        return "fp8", f"fp8 weights: {room}, and this card ({card}) has fp8, which Unsloth quantizes to as it loads"
+    return "4bit", (f"4-bit weights: {room}, and this card ({card}) has no fp8 Unsloth quantizes to on the fly "
+                    f"(from {FP8_FROM[0]}.{FP8_FROM[1]})")
 
 
 def parameter_count(model_name: str) -> int:
@@ -110,3 +113,13 @@ def parameter_count(model_name: str) -> int:
 def weights_16bit_bytes(model_name: str) -> float:
     """The bytes of ``model_name``'s weights in 16-bit."""
     return 2.0 * parameter_count(model_name)
+
+
+def kv_cache_bytes(model_name: str, tokens: int) -> float:
+    """The bytes of 16-bit KV cache ``tokens`` tokens of ``model_name`` take in vLLM, from its config alone."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_name).get_text_config()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return 2.0 * 2 * config.num_hidden_layers * kv_heads * head_dim * tokens  # a key and a value, 2 bytes each

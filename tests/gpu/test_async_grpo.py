@@ -1,8 +1,8 @@
 """Unsloth's AsyncGRPOTrainer on one CUDA GPU (``train.grpo.async_grpo_trainer``): the random Qwen3-4B-shaped model
-loaded with vLLM (4-bit, the path tests/gpu/test_gpu_path.py checks), held to an L4's 24 GB, trains two steps on
-GridSim through ``AgentEnv.local``, its rollout process playing ``env.factory`` pickled, built as notebook 03 builds
-it with TRAINER="async" (``presets.trainer_config``, ``trainer_for``); then the greedy eval after training plays on
-the same vLLM engine. The training command with ``--trainer async`` trains a step and writes that greedy eval.
+loaded with vLLM in the weights "24gb" chooses for the card (16-bit for this shape), held to an L4's 24 GB, trains
+two steps on GridSim through ``AgentEnv.local``, its rollout process playing ``env.factory`` pickled, built as
+notebook 03 builds it with TRAINER="async" (``presets.trainer_config``, ``trainer_for``); then the greedy eval after
+training plays on the same vLLM engine. The training command with ``--trainer async`` trains a step and writes that greedy eval.
 Skipped without a CUDA GPU or without vLLM, which the async trainer generates on.
 
     pytest tests/gpu/test_async_grpo.py -o addopts=    # AGENTENV_NB_GPU_MODEL: a model already built
@@ -61,7 +61,7 @@ def test_async_grpo_trains_two_steps_on_the_models_own_vllm_then_plays_there(mod
     torch.cuda.set_per_process_memory_fraction(min(1.0, 24e9 / torch.cuda.mem_get_info()[1]))  # an L4's 24 GB
     bundle = write_bundle(tmp_path / "gridsim", train=8, eval=4)
     with AgentEnv.local(bundle, split="train", sandbox="process", max_concurrent_envs=16) as env:
-        model, tokenizer = models.load_model(model_path, "24gb")  # the preset's 4-bit vLLM weights
+        model, tokenizer = models.load_model(model_path, "24gb")  # the weights the preset chooses for the card
         config = presets.trainer_config("async", "24gb", output_dir=str(tmp_path / "grpo"), max_steps=2,
                                         gradient_accumulation_steps=1, max_completion_length=256)
         trainer = trainer_for(model, tokenizer, config, env)

