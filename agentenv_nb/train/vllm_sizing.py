@@ -85,11 +85,11 @@ def choose_weights(capability: tuple[int, int], vllm_16bit_bytes: float, weights
     """The fastest precision of ``WEIGHTS`` for vLLM's weights on a card of compute ``capability``, where vLLM may
     take ``vllm_16bit_bytes`` with 16-bit weights of ``weights_16bit_bytes`` and a step needs ``kv_cache_bytes`` of
     KV cache; and one line saying why."""
-    need = weights_16bit_bytes + kv_cache_bytes
+    fits = weights_16bit_bytes + kv_cache_bytes <= vllm_16bit_bytes
     room = (f"the 16-bit weights ({weights_16bit_bytes / 1e9:.1f} GB) and a step's KV cache "
-            f"({kv_cache_bytes / 1e9:.1f} GB) {'fit' if need <= vllm_16bit_bytes else 'exceed'} the "
-            f"{vllm_16bit_bytes / 1e9:.1f} GB vLLM may take")
-    if need <= vllm_16bit_bytes:
+            f"({kv_cache_bytes / 1e9:.1f} GB) {'fit' if fits else 'exceed'} the {vllm_16bit_bytes / 1e9:.1f} GB vLLM "
+            "may take")
+    if fits:
         return "16bit", f"16-bit weights: {room}"
     card = f"compute capability {capability[0]}.{capability[1]}"
     if tuple(capability) >= FP8_FROM:
