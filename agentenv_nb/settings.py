@@ -67,6 +67,12 @@ def _work_dir_problem(path: str) -> str | None:
     return None
 
 
+def _weights_problem(weights: str) -> str | None:
+    from agentenv_nb.train.vllm_sizing import WEIGHTS
+
+    return None if weights in WEIGHTS else f"isn't one of {', '.join(WEIGHTS)}"
+
+
 SETTINGS = {setting.name: setting for setting in (
     Setting("reset_timeout", 300.0, float, "seconds a reset (an episode's deploy) may take", low=0.001),
     Setting("call_timeout", 120.0, float, "seconds a tool call or a turn's end may take", low=0.001),
@@ -95,6 +101,8 @@ SETTINGS = {setting.name: setting for setting in (
             "loads, trains and saves (Unsloth's banner, vLLM's progress bars), instead of a notebook's cells"),
     Setting("gpu_memory_gb", None, float, "GB of GPU memory a training run may use, vLLM included (unset: the whole "
             "card, or what torch.cuda.set_per_process_memory_fraction allows)", low=1),
+    Setting("vllm_weights", None, str, "the weights vLLM generates from and LoRA trains on where a preset lets the "
+            "card choose: 16bit, fp8 or 4bit (unset: the card's choice)", problem=_weights_problem),
 )}
 
 

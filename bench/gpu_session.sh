@@ -8,7 +8,8 @@
 #
 # Each on the one GPU held as its own card would be:
 # - tests/gpu/test_notebooks.py for each of GPU_PRESETS ("24gb" held to 24 GB, "16bit" to 48 GB; empty: none; a word
-#   "PRESET,NAME=VALUE,..." runs PRESET with those environment variables, in a folder of that name) at once, on one
+#   "PRESET,NAME=VALUE,..." runs PRESET with those environment variables, in a folder of that name, e.g.
+#   "24gb,AGENTENV_NB_VLLM_WEIGHTS=4bit" beside "24gb", the recipe's weights beside the card's choice) at once, on one
 #   generated bundle (GPU_TRAIN_DAYS train days, 2,000 unless set, and GPU_EVAL_DAYS eval days, 200 unless set), each
 #   in its own folder: the notebooks top to bottom with SmolLM2-135M-Instruct;
 # - beside them, once "24gb"'s warm start is saved: the training command from it with each GRPO setting of

@@ -75,7 +75,20 @@ def test_the_24gb_preset_loads_qwen3_4b_in_what_the_card_fits(monkeypatch, tmp_p
     assert kwargs["gpu_memory_utilization"] == round(share, 4)  # of the whole card: it is the preset's own size
     said = capsys.readouterr().out
     assert said.count("\n") == 1 and said.startswith(f"agentenv_nb: vLLM generates from {weights[:-3]}-bit weights")
-    assert "vllm_weights=..." in said  # and how to name another
+    assert "AGENTENV_NB_VLLM_WEIGHTS" in said  # and how to name another
+    monkeypatch.setenv("AGENTENV_NB_VLLM_WEIGHTS", "4bit")  # the recipe's, whatever the card fits
+    kwargs = presets.model_kwargs("24gb", qwen3_4b_config(tmp_path), fast_inference=True)
+    assert kwargs["load_in_4bit"] and kwargs["gpu_memory_utilization"] == 0.5
+    assert presets.vllm_weights("16bit", "m") == "16bit"  # a preset that names its weights keeps them
+
+
+def test_weights_named_in_the_environment_that_the_kit_doesnt_load_are_refused_at_once(monkeypatch):
+    from agentenv_nb import settings
+
+    monkeypatch.setenv("AGENTENV_NB_VLLM_WEIGHTS", "int8")
+    with pytest.raises(settings.SettingError) as refused:
+        settings.check_environment()  # as a command and AgentEnv.local do before anything starts
+    assert str(refused.value).startswith("AGENTENV_NB_VLLM_WEIGHTS='int8' isn't one of 16bit, fp8, 4bit (")
 
 
 def test_an_unknown_precision_is_refused_in_one_line():

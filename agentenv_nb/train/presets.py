@@ -32,6 +32,7 @@ import functools
 import os
 from typing import Any
 
+from agentenv_nb import settings
 from agentenv_nb.stack import import_unsloth, vllm_available
 from agentenv_nb.train import configs, vllm_sizing
 
@@ -65,7 +66,8 @@ class Preset:
     vllm_share_16bit: float = _part("model", 0.69)  # the same with 16-bit weights, 8 GB of Qwen3-4B: beside them a
     # KV cache for all 32 rollouts at once; its GRPO step's whole process peaked at 22.3 GB (docs/benchmarks.md)
     vllm_weights: str = _part("model", "auto")  # with vLLM, the weights it generates from and LoRA trains on: "4bit"
-    # (the recipe's), "16bit", "fp8", or "auto": the fastest that fits this card, said in one line (vllm_sizing).
+    # (the recipe's), "16bit", "fp8", or "auto": the fastest that fits this card, said in one line (vllm_sizing), or
+    # AGENTENV_NB_VLLM_WEIGHTS where that is set.
     # Without vLLM, load_in_4bit's. On the H200 held to 24 GB, the Qwen3-4B shape's GRPO step took 12.0 s in 16-bit,
     # 16.2 s in fp8 and 18.7 s in 4-bit (docs/benchmarks.md)
     # FastLanguageModel.get_peft_model
@@ -249,6 +251,8 @@ def vllm_weights(preset: Preset | str, model_name: str) -> str:
         raise ValueError(f"vllm_weights={preset.vllm_weights!r}: choose 'auto' or one of {vllm_sizing.WEIGHTS}")
     if preset.vllm_weights != "auto":
         return preset.vllm_weights
+    if named_here := settings.get("vllm_weights"):
+        return named_here
     import torch
 
     card = vllm_sizing.gpu_memory()[0]
@@ -257,7 +261,7 @@ def vllm_weights(preset: Preset | str, model_name: str) -> str:
         torch.cuda.get_device_capability(vllm_sizing.this_gpu()), card * _vllm_utilization(preset, "16bit"),
         vllm_sizing.weights_16bit_bytes(model_name),
         vllm_sizing.kv_cache_bytes(model_name, rollouts * preset.max_completion_length))
-    _say(f"agentenv_nb: vLLM generates from {why}. Name another with "
+    _say(f"agentenv_nb: vLLM generates from {why}. Name another with AGENTENV_NB_VLLM_WEIGHTS or "
          f"dataclasses.replace(preset, vllm_weights=...), one of {vllm_sizing.WEIGHTS}.")
     return choice
 
