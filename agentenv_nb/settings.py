@@ -37,6 +37,7 @@ class Setting:
     low: float | None = None
     high: float | None = None
     problem: Callable[[Any], str | None] | None = None  # why a value that parsed can't be used, or None
+    choices: tuple | None = None  # the values it takes, where they are few
 
     @property
     def variable(self) -> str:
@@ -65,12 +66,6 @@ def _work_dir_problem(path: str) -> str | None:
     if folder.exists() and not folder.is_dir():
         return "is a file, not a folder"
     return None
-
-
-def _weights_problem(weights: str) -> str | None:
-    from agentenv_nb.train.vllm_sizing import WEIGHTS
-
-    return None if weights in WEIGHTS else f"isn't one of {', '.join(WEIGHTS)}"
 
 
 SETTINGS = {setting.name: setting for setting in (
@@ -102,7 +97,7 @@ SETTINGS = {setting.name: setting for setting in (
     Setting("gpu_memory_gb", None, float, "GB of GPU memory a training run may use, vLLM included (unset: the whole "
             "card, or what torch.cuda.set_per_process_memory_fraction allows)", low=1),
     Setting("vllm_weights", None, str, "the weights vLLM generates from and LoRA trains on where a preset lets the "
-            "card choose: 16bit, fp8 or 4bit (unset: the card's choice)", problem=_weights_problem),
+            "card choose (unset: the card's choice)", choices=("16bit", "fp8", "4bit")),
 )}
 
 
@@ -151,6 +146,8 @@ def _checked(setting: Setting, value: Any, shown: str) -> Any:
         if (low is not None and value < low) or (high is not None and value > high):
             bounds = f"from {low:g} to {high:g}" if high is not None else f"at least {low:g}"
             raise SettingError(f"{shown} is out of range: {setting.name} takes a value {bounds} ({setting.what})")
+    if setting.choices is not None and value not in setting.choices:
+        raise SettingError(f"{shown} isn't one of {', '.join(setting.choices)} ({setting.what})")
     if setting.problem is not None and (problem := setting.problem(value)):
         raise SettingError(f"{shown} {problem} ({setting.what})")
     return value

@@ -24,7 +24,7 @@ import os
 
 from agentenv_nb import settings
 
-WEIGHTS = ("16bit", "fp8", "4bit")  # in the order "auto" tries them
+WEIGHTS = settings.SETTINGS["vllm_weights"].choices  # 16bit, fp8, 4bit: in the order "auto" tries them
 # Unsloth 2026.10.9 quantizes to fp8 on the fly from compute capability 9.0 (Hopper, Blackwell): it refuses Ada
 # (8.9: the L4, RTX 40), whose cards have fp8 too (loader_utils._get_fp8_mode_and_check_settings; tests/test_presets.py
 # fails when that changes)
