@@ -61,7 +61,7 @@ from transformers import TrainerCallback  # noqa: E402
 import expert_step  # noqa: E402  (bench/, beside this script)
 from agentenv_nb.tasks.gridsim import battery, write_bundle  # noqa: E402
 
-# vLLM's weights a variant loads (Preset.vllm_weights); None: the preset's own, with "auto" as the recipe's 4-bit (the
+# vLLM's weights a variant loads (Preset.vllm_weights); None: the preset's own, "24gb"'s being the card's choice (the
 # trl variant loads its own way)
 WEIGHTS = {"kit": None, "kit-4bit": "4bit", "kit-fp8": "fp8", "kit-16bit": "16bit", "kit-async": None, "bare": "4bit",
            "trl": None}
