@@ -1,8 +1,10 @@
 """What the libraries write to stderr while the kit loads, trains, plays and saves (Unsloth's banner, vLLM's CUDA-graph
 bars, transformers' notices) kept in one log file instead of a notebook's cells, where each would show as an error
-would; a line on stdout says how many lines went there, and a failure shows the last of them. In a notebook, what
-they display goes there too (as text): tqdm draws their progress bars there as widgets (vLLM's weight loading,
-transformers' GGUF reading), which a saved notebook reopens as "Error displaying widget".
+would; a line on stdout says how many lines went there, and a failure shows the last of them. What they print to
+stdout goes there too (Unsloth's, a line at every generation from 16-bit weights), while what the kit and the user's
+code print stays. In a notebook, what they display goes there too (as text): tqdm draws their progress bars there as
+widgets (vLLM's weight loading, transformers' GGUF reading), which a saved notebook reopens as "Error displaying
+widget".
 
     with to_log("loading the model"):     # "agentenv_nb: the libraries wrote 12 lines while loading the model, in ..."
         model = FastLanguageModel.from_pretrained(...)
@@ -13,6 +15,7 @@ The file is ``AGENTENV_NB_LIBRARY_LOG`` (default ``agentenv_nb.log`` in the work
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import sys
 import time
@@ -21,6 +24,36 @@ from pathlib import Path
 from agentenv_nb import settings
 
 SHOWN_ON_FAILURE = 20  # lines of the log a failure prints before its traceback
+# The packages whose prints go to the log: the training stack's (Unsloth's compiled trainers included)
+LIBRARIES = ("unsloth", "unsloth_zoo", "unsloth_compiled_cache", "vllm", "trl", "transformers", "peft", "accelerate",
+             "bitsandbytes", "torch", "datasets", "huggingface_hub", "agent_env")
+
+
+class _LibraryPrints(io.TextIOBase):
+    """stdout for a block: what code of ``LIBRARIES`` writes goes to ``log``; anything else's to ``console``."""
+
+    def __init__(self, console, log):
+        self.console, self.log = console, log
+
+    def write(self, text: str) -> int:
+        # print() writes from the caller's frame: the module that printed
+        module = sys._getframe(1).f_globals.get("__name__") or ""
+        return (self.log if module.split(".")[0] in LIBRARIES else self.console).write(text)
+
+    def flush(self) -> None:
+        self.console.flush()
+        self.log.flush()
+
+    # as the console, to code that asks (tqdm, a subprocess given sys.stdout)
+    @property
+    def encoding(self) -> str:
+        return self.console.encoding
+
+    def isatty(self) -> bool:
+        return self.console.isatty()
+
+    def fileno(self) -> int:
+        return self.console.fileno()
 
 
 def _stream_handlers() -> list[logging.StreamHandler]:
@@ -68,7 +101,8 @@ def to_log(what: str, keep_displays: bool = False):
             handler.setStream(log)
         held, displayed = (contextlib.nullcontext() if keep_displays else _displays_held()), None
         try:
-            with contextlib.redirect_stderr(log), held as displayed:
+            with contextlib.redirect_stderr(log), contextlib.redirect_stdout(_LibraryPrints(sys.stdout, log)), \
+                    held as displayed:
                 yield
         except Exception:
             log.flush()

@@ -92,8 +92,8 @@ SETTINGS = {setting.name: setting for setting in (
             "own, removed when it stops)", problem=_work_dir_problem),
     Setting("bundles", str(Path(__file__).resolve().parents[1] / "bundles.txt"), str,
             "the list of bundles `get_bundle` knows"),
-    Setting("library_log", "agentenv_nb.log", str, "the file where the libraries' own stderr goes while the kit "
-            "loads, trains and saves (Unsloth's banner, vLLM's progress bars), instead of a notebook's cells"),
+    Setting("library_log", "agentenv_nb.log", str, "the file where the libraries' own stderr and prints go while "
+            "the kit loads, trains and saves (Unsloth's banner, vLLM's progress bars), instead of a notebook's cells"),
     Setting("gpu_memory_gb", None, float, "GB of GPU memory a training run may use, vLLM included (unset: the whole "
             "card, or what torch.cuda.set_per_process_memory_fraction allows)", low=1),
     Setting("vllm_weights", None, str, "the weights vLLM generates from and LoRA trains on where a preset lets the "

@@ -22,7 +22,8 @@ weights through ``train.grpo.async_grpo_trainer``, Unsloth's
 AsyncGRPOTrainer, whose generation overlaps the update; ``bare``, Unsloth's GRPOTrainer with the in-process
 ``ToyGridSim`` and the recipe's 4-bit, the floor the kit adds to; ``trl``, stock TRL with bitsandbytes 4-bit (bf16 for
 "16bit") and a PEFT LoRA on ToyGridSim, what a user would pick instead. A step splits into generation (``generate``
-calls; for ``kit-async`` vLLM's engine steps, which overlap the update), env (inside reset, tools, get_reward; overlaps
+calls, and of their time vLLM's engine steps, their count and mean, the rest being Unsloth's fold or LoRA load and the
+requests' bookkeeping; for ``kit-async`` vLLM's engine steps, which overlap the update), env (inside reset, tools, get_reward; overlaps
 counted once) and update (the rest; for ``kit-async`` the trainer's training steps), with peak GPU memory. A random model calls no tools, so the kit also times a step's episodes played with the expert's
 3 tool calls each (bench/expert_step.py), in TRL's order and at once (``env_tools_s``, ``env_tools_concurrent_s``).
 An OOM is reported with the step reached; a variant stops after the step past ``--budget-s``. ``--set KEY=VALUE`` changes a GRPO setting for every variant (the 32-at-once rows of
@@ -139,6 +140,10 @@ class StepTimer(TrainerCallback):
     def __init__(self, budget_s: float | None = None, fake_oom_step: int | None = None, report=None):
         self.gen, self.env, self.steps, self.setup, self._start = Clock(), Clock(), [], {}, time.perf_counter()
         self.update = Clock()  # timed only where generation overlaps the update (kit-async): its training steps
+        # vLLM's engine steps inside generation (the synchronous variants): what generation spends in vLLM's forward
+        # passes and sampling, against the rest of it (Unsloth's fold of the LoRA and its restore, or its LoRA load
+        # for 4-bit weights; adding requests; TRL's parsing)
+        self.engine = Clock()
         self.budget_s, self.fake_oom_step, self.report = budget_s, fake_oom_step, report
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -147,7 +152,8 @@ class StepTimer(TrainerCallback):
         self._begin = self._clocks()
 
     def _clocks(self) -> tuple:
-        return time.perf_counter(), self.gen.total, self.env.total, self.update.total
+        return (time.perf_counter(), self.gen.total, self.env.total, self.update.total, self.engine.total,
+                self.engine.calls)
 
     def on_step_begin(self, args, state, control, **kwargs):
         free_memory(collect=False)
@@ -159,10 +165,12 @@ class StepTimer(TrainerCallback):
         if CUDA:
             torch.cuda.synchronize()
         now = self._clocks()
-        step_s, gen, env, update = (a - b for a, b in zip(now, self._begin))
+        step_s, gen, env, update, engine, engine_steps = (a - b for a, b in zip(now, self._begin))
         self._begin = now
         self.steps.append({"step": state.global_step, "step_s": step_s, "gen_s": gen, "env_s": env,
                            "update_s": update if self.update.calls else step_s - gen - env,
+                           **({"engine_s": engine, "engine_steps": engine_steps,
+                               "engine_ms": 1e3 * engine / max(engine_steps, 1)} if engine_steps else {}),
                            "env_pct": 100 * env / step_s,
                            "gen_peak_alloc_gib": self.gen.peak_gib, **peaks()})
         if self.fake_oom_step == state.global_step:
@@ -223,6 +231,7 @@ def train(trainer, timer: StepTimer, result: dict) -> None:
         # the instance's generate: Unsloth wraps it for 16-bit merged-weight rollouts, and vLLM refuses the sentinel
         # LoRA request that wrapper takes when the class's generate is called instead
         engine.generate = timer.gen.wrap(engine.generate, sync=True)
+        engine.llm_engine.step = timer.engine.wrap(type(engine.llm_engine).step.__get__(engine.llm_engine))
     trainer.train()
 
 
@@ -486,7 +495,9 @@ def summary(steps: list[dict], env_tools_s: float | None = None, concurrent_s: f
         return sum(values) / len(values) if values else None
 
     out = {"reached_step": len(steps), **{f"steady_{key}": mean(key) for key in ("step_s", "gen_s", "env_s",
-                                                                                  "update_s", *LOGGED)},
+                                                                                  "update_s", "engine_s",
+                                                                                  "engine_steps", "engine_ms",
+                                                                                  *LOGGED)},
            **{k: max((s[k] for s in steps if s.get(k) is not None), default=None)
               for k in ("gen_peak_alloc_gib", "peak_alloc_gib", "peak_reserved_gib")}}
     if out["steady_step_s"]:
@@ -506,7 +517,8 @@ def loaded_weights(result: dict) -> str | None:
 
 COLUMNS = [("variant", "variant", 0), ("weights", "weights", 0), ("step", "step", 0), ("status", "status", 0),
            ("step s", "step_s", 1),
-           ("gen s", "gen_s", 1), ("env s", "env_s", 2), ("update s", "update_s", 1), ("env %", "env_pct", 1),
+           ("gen s", "gen_s", 1), ("of it vLLM's engine steps s", "engine_s", 2), ("engine steps", "engine_steps", 0),
+           ("ms an engine step", "engine_ms", 2), ("env s", "env_s", 2), ("update s", "update_s", 1), ("env %", "env_pct", 1),
            ("peak alloc by generation's end GiB", "gen_peak_alloc_gib", 2), ("peak alloc GiB", "peak_alloc_gib", 2),
            ("peak reserved GiB", "peak_reserved_gib", 2), ("device peak GiB", "device_peak_gib", 2),
            ("process peak GiB", "process_peak_gib", 2),

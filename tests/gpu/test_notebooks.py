@@ -55,13 +55,16 @@ def smi(query: str) -> list[str]:
 
 
 def cell_noise(notebook) -> list[str]:
-    """Every error of an executed notebook, every line it wrote to stderr and every widget it saved (reopened, each
-    shows as "Error displaying widget")."""
+    """Every error of an executed notebook, every line it wrote to stderr, every widget it saved (reopened, each
+    shows as "Error displaying widget") and every line Unsloth printed to stdout while the kit loaded, trained, played
+    or saved (its banner; with 16-bit weights, a line at each generation), which belongs in the library log."""
     outputs = [output for cell in notebook.cells for output in cell.get("outputs", [])]
     errors = [f"{output['ename']}: {output['evalue']}" for output in outputs if output.get("output_type") == "error"]
     widgets = [f"widget: {output['data'].get('text/plain', '')}" for output in outputs
                if "application/vnd.jupyter.widget-view+json" in output.get("data", {})]
-    return errors + [f"stderr: {line}" for line in stderr_lines(notebook)] + widgets
+    unsloth = [f"Unsloth's stdout: {line}" for output in outputs if output.get("name") == "stdout"
+               for line in output["text"].splitlines() if line.startswith(("Unsloth: ", "==((====))=="))]
+    return errors + [f"stderr: {line}" for line in stderr_lines(notebook)] + widgets + unsloth
 
 
 def use_gpu_parameters(out: Path) -> str:
@@ -127,7 +130,7 @@ def test_the_four_notebooks_train_a_real_model(tmp_path):
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
 
-    assert not any(noise.values()), f"cells printed errors or stderr: {noise}"
+    assert not any(noise.values()), f"cells printed errors, stderr or Unsloth's stdout: {noise}"
     assert greedy.loc["tool_call_rate", "after SFT"] >= 0.5 and greedy.loc["reward", "after SFT"] > 0
     assert greedy.loc["reward", "after GRPO"] > greedy.loc["reward", "after SFT"], "GRPO did not improve the warm start"
     assert len(evals) >= 2, "GRPO logged fewer than two evals"
