@@ -10,23 +10,23 @@ Usage::
     python bench/gpu_grpo.py --smoke                           # CPU plumbing: tiny model, "cpu-tiny", 1 step
     python bench/gpu_grpo.py --model /tmp/q4b --variants bare --set steps_per_generation=1 --memory-history 4000000
 
-Each variant runs in a process of its own (its own model and vLLM engine, its own peak memory); one that fails or
-passes ``--budget-s`` (plus ``--setup-s`` to load) is recorded with its exact error and the others still run. Variants,
-with the preset's GRPO settings (32 rollouts a step, 1024 completion tokens), eval off, on one GridSim bundle:
-``kit``, notebook 03's path (``AgentEnv.local``, process sandbox, 64 sessions over ``--server-processes`` server
-processes; ``models.load_model``; ``presets.grpo_config``; Unsloth's GRPOTrainer with ``env.factory``,
-``env.reward_funcs``, ``env.metrics``, the console live plot) with vLLM's weights the preset's choice for the card;
-``kit-4bit``, ``kit-fp8`` and ``kit-16bit``, the same in 4-bit (the recipe's), fp8 and 16-bit
-(``Preset.vllm_weights``); ``kit-async``, the preset's own
-weights through ``train.grpo.async_grpo_trainer``, Unsloth's
-AsyncGRPOTrainer, whose generation overlaps the update; ``bare``, Unsloth's GRPOTrainer with the in-process
-``ToyGridSim`` and the recipe's 4-bit, the floor the kit adds to; ``trl``, stock TRL with bitsandbytes 4-bit (bf16 for
-"16bit") and a PEFT LoRA on ToyGridSim, what a user would pick instead. A step splits into generation (``generate``
-calls, and of their time vLLM's engine steps, their count and mean, the rest being Unsloth's fold or LoRA load and the
-requests' bookkeeping; for ``kit-async`` vLLM's engine steps, which overlap the update), env (inside reset, tools, get_reward; overlaps
-counted once) and update (the rest; for ``kit-async`` the trainer's training steps), with peak GPU memory. A random model calls no tools, so the kit also times a step's episodes played with the expert's
-3 tool calls each (bench/expert_step.py), in TRL's order and at once (``env_tools_s``, ``env_tools_concurrent_s``).
-An OOM is reported with the step reached; a variant stops after the step past ``--budget-s``. ``--set KEY=VALUE`` changes a GRPO setting for every variant (the 32-at-once rows of
+Each variant runs in a process of its own (its own model and vLLM engine, its own peak memory); one that fails or passes
+``--budget-s`` (plus ``--setup-s`` to load) is recorded with its exact error and the others still run. Variants, with
+the preset's GRPO settings (32 rollouts a step, 1024 completion tokens), eval off, on one GridSim bundle: ``kit``,
+notebook 03's path (``AgentEnv.local``, process sandbox, 64 sessions over ``--server-processes`` server processes;
+``models.load_model``; ``presets.grpo_config``; Unsloth's GRPOTrainer with ``env.factory``, ``env.reward_funcs``,
+``env.metrics``, the console live plot) with vLLM's weights the preset's choice for the card; ``kit-4bit``, ``kit-fp8``
+and ``kit-16bit``, the same in 4-bit (the recipe's), fp8 and 16-bit (``Preset.vllm_weights``); ``kit-async``, the
+preset's own weights through ``train.grpo.async_grpo_trainer``, Unsloth's AsyncGRPOTrainer, whose generation overlaps
+the update; ``bare``, Unsloth's GRPOTrainer with the in-process ``ToyGridSim`` and the recipe's 4-bit, the floor the kit
+adds to; ``trl``, stock TRL with bitsandbytes 4-bit (bf16 for "16bit") and a PEFT LoRA on ToyGridSim, what a user would
+pick instead. A step splits into generation (``generate`` calls, and of their time vLLM's engine steps, their count and
+mean, the rest being Unsloth's fold or LoRA load and the requests' bookkeeping; for ``kit-async`` vLLM's engine steps,
+which overlap the update), env (inside reset, tools, get_reward; overlaps counted once) and update (the rest; for
+``kit-async`` the trainer's training steps), with peak GPU memory. A random model calls no tools, so the kit also times
+a step's episodes played with the expert's 3 tool calls each (bench/expert_step.py), in TRL's order and at once
+(``env_tools_s``, ``env_tools_concurrent_s``). An OOM is reported with the step reached; a variant stops after the step
+past ``--budget-s``. ``--set KEY=VALUE`` changes a GRPO setting for every variant (the 32-at-once rows of
 docs/benchmarks.md: ``steps_per_generation=1``); ``--memory-history N`` dumps the CUDA allocator's history of each
 variant for ``bench/memory_peak.py``.
 Prints markdown; writes ``$OUT/grpo_<preset>[_nocap][TAG].json``, and each variant's log, ``$OUT/grpo_<variant>.log``.
@@ -518,7 +518,8 @@ def loaded_weights(result: dict) -> str | None:
 COLUMNS = [("variant", "variant", 0), ("weights", "weights", 0), ("step", "step", 0), ("status", "status", 0),
            ("step s", "step_s", 1),
            ("gen s", "gen_s", 1), ("of it vLLM's engine steps s", "engine_s", 2), ("engine steps", "engine_steps", 0),
-           ("ms an engine step", "engine_ms", 2), ("env s", "env_s", 2), ("update s", "update_s", 1), ("env %", "env_pct", 1),
+           ("ms an engine step", "engine_ms", 2), ("env s", "env_s", 2), ("update s", "update_s", 1),
+           ("env %", "env_pct", 1),
            ("peak alloc by generation's end GiB", "gen_peak_alloc_gib", 2), ("peak alloc GiB", "peak_alloc_gib", 2),
            ("peak reserved GiB", "peak_reserved_gib", 2), ("device peak GiB", "device_peak_gib", 2),
            ("process peak GiB", "process_peak_gib", 2),
