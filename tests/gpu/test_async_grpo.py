@@ -2,7 +2,8 @@
 loaded with vLLM in the weights "24gb" chooses for the card (16-bit for this shape), held to an L4's 24 GB, trains
 two steps on GridSim through ``AgentEnv.local``, its rollout process playing ``env.factory`` pickled, built as
 notebook 03 builds it with TRAINER="async" (``presets.trainer_config``, ``trainer_for``); then the greedy eval after
-training plays on the same vLLM engine. The training command with ``--trainer async`` trains a step and writes that greedy eval.
+training plays on the same vLLM engine. The training command with ``--trainer async`` trains a step and writes that
+greedy eval.
 Skipped without a CUDA GPU or without vLLM, which the async trainer generates on.
 
     pytest tests/gpu/test_async_grpo.py -o addopts=    # AGENTENV_NB_GPU_MODEL: a model already built
