@@ -9,7 +9,7 @@ NOTEBOOKS = sorted((Path(__file__).parents[1] / "notebooks").glob("*.ipynb"))
 
 
 def test_the_four_notebooks_are_there():
-    assert [p.stem for p in NOTEBOOKS] == ["01_download_gridsim", "02_sft_warm_start", "03_grpo_4bit",
+    assert [p.stem for p in NOTEBOOKS] == ["01_download_gridsim", "02_sft_warm_start", "03_grpo",
                                           "04_eval_curve"]
 
 
