@@ -62,13 +62,25 @@ def test_drift_is_reported(tmp_path):
         configs.check_config(config, kwargs)
 
 
+def test_the_table_says_what_the_model_was_loaded_as(tmp_path):
+    """Notebook 03's table: beside a preset's load_in_4bit and vllm, the model's own (on a GPU, the card's choice of
+    vLLM's weights may load 16-bit where the preset's load_in_4bit says True)."""
+    from agentenv_nb.train import models
+
+    model, _ = models.load_model("tiny", "cpu-tiny", models_dir=tmp_path, corpus=["a tiny corpus"])
+    shown = presets.table("24gb", model=model)
+    assert shown.loc["load_in_4bit"].tolist() == ["model", True, False]
+    assert shown.loc["vllm"].tolist() == ["model", True, False] and shown.loc["temperature", "config"] == ""
+
+
 def test_a_preset_is_data_a_user_lists_compares_and_copies(tmp_path):
     recipe = presets.PRESETS["24gb"]
     listed = presets.table("24gb")
     assert listed.loc["temperature", "preset"] == 1.1 and listed.loc["load_in_4bit", "part"] == "model"
     assert set(listed.index) == {field.name for field in dataclasses.fields(recipe)} - {"name"}
     assert presets.differences("24gb", "16bit") == {  # the L40S row: 16-bit LoRA on a 48 GB card
-        "gpu_gb": (24.0, 48.0), "gpu_need_gb": (21.0, 40.0), "gpu_need_gb_without_vllm": (13.0, 25.0),
+        "gpu_gb": (24.0, 48.0), "gpu_need_gb": (21.0, 40.0), "gpu_need_gb_quantized": (17.0, 40.0),
+        "gpu_need_gb_without_vllm": (13.0, 25.0),
         "load_in_4bit": (True, False), "vllm_share_16bit": (0.69, 0.5), "vllm_weights": ("auto", "16bit"),
         "generation_parts_without_vllm": (2, 1)}
     with pytest.raises(dataclasses.FrozenInstanceError):

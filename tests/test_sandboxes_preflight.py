@@ -249,6 +249,26 @@ def test_no_gpu_fails_a_gpu_preset_with_a_fix():
     assert pf.check_gpu("cpu-tiny")[0]["status"] == "ok"
 
 
+def test_an_l4_is_checked_for_the_weights_vllm_loads_and_not_again_once_the_model_holds_it(monkeypatch):
+    """An L4 as torch would see it (no GPU here): free memory against the 16-bit need, or the 4-bit one where 4-bit
+    weights are named; once the model is loaded (this process holds memory), what it holds, not a failure."""
+    import torch
+
+    free, reserved = [18 * 2**30], [0]
+    for name, seen in {"is_available": lambda: True, "mem_get_info": lambda *_: (free[0], 22.5 * 2**30),
+                       "get_device_name": lambda *_: "NVIDIA L4", "memory_reserved": lambda *_: reserved[0]}.items():
+        monkeypatch.setattr(torch.cuda, name, seen)
+    monkeypatch.setattr(presets, "fast_inference", lambda preset: True)  # vLLM, as on a GPU host
+    [row] = pf.check_gpu("24gb")
+    assert row["status"] == "fail" and "18.0 of 22.5 GB free; the 24gb preset needs 21" in row["detail"]
+    assert row["fix"].endswith("or 4-bit weights for vLLM, which need 17 GB (AGENTENV_NB_VLLM_WEIGHTS=4bit)")
+    monkeypatch.setenv("AGENTENV_NB_VLLM_WEIGHTS", "4bit")
+    assert pf.check_gpu("24gb")[0]["status"] == "ok"
+    free[0], reserved[0] = 5 * 2**30, 16 * 2**30  # notebook 03's second preflight, the model loaded
+    [row] = pf.check_gpu("24gb")
+    assert row["status"] == "ok" and "this process holding 16.0 GB (the model)" in row["detail"]
+
+
 def test_versions_against_a_requirements_file(tmp_path):
     requirements = tmp_path / "requirements-gpu.txt"
     requirements.write_text("# pins\ntrl==0.0.1\ntransformers==5.17.0\npandas==0.0.1\nno-such-package-xyz==1.0\n")

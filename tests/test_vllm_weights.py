@@ -40,6 +40,18 @@ def test_the_card_chooses_the_fastest_precision_and_says_why_in_one_line(capabil
     assert why.startswith({"fp8": "fp8 weights", "16bit": "16-bit weights", "4bit": "4-bit weights"}[choice])
 
 
+def test_the_gpu_a_run_needs_follows_the_weights_named_for_vllm(monkeypatch):
+    """Preflight's need: 16-bit weights' whole process (Qwen3-4B: 20.8 GiB) unless 4-bit or fp8 ones are named
+    (16.6 and 16.7 GiB), and less again without vLLM."""
+    assert presets.gpu_need_gb("24gb", vllm=True) == 21.0  # "auto": the card may choose 16-bit
+    assert presets.gpu_need_gb("24gb", "4bit", vllm=True) == presets.gpu_need_gb("24gb", "fp8", vllm=True) == 17.0
+    assert presets.gpu_need_gb("24gb", "16bit", vllm=True) == 21.0 and presets.gpu_need_gb("16bit", vllm=True) == 40.0
+    assert presets.gpu_need_gb("24gb", "4bit", vllm=False) == 13.0
+    monkeypatch.setenv("AGENTENV_NB_VLLM_WEIGHTS", "fp8")
+    assert presets.named_weights("24gb") == "fp8" and presets.gpu_need_gb("24gb", vllm=True) == 17.0
+    assert presets.named_weights("16bit") == "16bit"  # a preset that names its weights keeps them
+
+
 def test_the_16bit_weights_and_a_steps_kv_cache_are_counted_from_the_config_alone(tmp_path):
     model = qwen3_4b_config(tmp_path)
     assert vllm_sizing.weights_16bit_bytes(model) == pytest.approx(QWEN3_4B_16BIT, rel=0.01)

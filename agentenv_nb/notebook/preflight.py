@@ -56,23 +56,30 @@ def _row(check: str, status: str, detail: str, fix: str = "") -> dict:
 
 
 def check_gpu(preset: Preset | str) -> list[dict]:
-    """The GPU's name and free memory against what ``preset`` needs; no GPU fails a GPU preset."""
+    """The GPU's name and free memory against what ``preset`` needs (``presets.gpu_need_gb``), before this process
+    holds any of it: once the model is loaded, what it holds; no GPU fails a GPU preset."""
     import torch
 
-    need, preset = gpu_need_gb(preset), named(preset).name
+    need, name = gpu_need_gb(preset), named(preset).name
     if not torch.cuda.is_available():
         if not need:
-            return [_row("gpu", "ok", f"no GPU; the {preset} preset runs on the CPU")]
-        return [_row("gpu", "fail", f"no CUDA GPU is visible; the {preset} preset needs about {need:.0f} GB free",
+            return [_row("gpu", "ok", f"no GPU; the {name} preset runs on the CPU")]
+        return [_row("gpu", "fail", f"no CUDA GPU is visible; the {name} preset needs about {need:.0f} GB free",
                      "Colab: Runtime -> Change runtime type -> a GPU (an L4 for '24gb'); elsewhere a machine with an "
                      "NVIDIA GPU; or preset='cpu-tiny' to run the tiny model on the CPU")]
     free, total = (value / 2**30 for value in torch.cuda.mem_get_info(0))
-    seen = f"{torch.cuda.get_device_name(0)}: {free:.1f} of {total:.1f} GB free; the {preset} preset needs {need:.0f}"
+    card = f"{torch.cuda.get_device_name(0)}: {free:.1f} of {total:.1f} GB free"
+    if held := torch.cuda.memory_reserved(0) / 2**30:  # what the model loaded here holds isn't free, nor needed again
+        return [_row("gpu", "ok", f"{card}, this process holding {held:.1f} GB (the model): free memory counts "
+                                  "before the model loads")]
+    seen = f"{card}; the {name} preset needs {need:.0f}"
     if free >= need:
         return [_row("gpu", "ok", seen)]
     fix = ("restart the runtime to free what earlier cells hold, or stop other processes on the GPU (nvidia-smi)"
            if total >= need else f"a GPU with at least {need:.0f} GB, or a smaller preset ('24gb' needs "
                                  f"{gpu_need_gb('24gb'):.0f} GB)")
+    if (quantized := gpu_need_gb(preset, "4bit")) < need:
+        fix += f"; or 4-bit weights for vLLM, which need {quantized:.0f} GB (AGENTENV_NB_VLLM_WEIGHTS=4bit)"
     return [_row("gpu", "fail", seen, fix)]
 
 

@@ -16,6 +16,7 @@ Usage::
     from agentenv_nb.train import presets
 
     presets.table("24gb")                                         # every setting of a preset, by part
+    presets.table("24gb", config, model)           # and what the run's config holds, and the model was loaded as
     presets.differences(presets.PRESETS["24gb"], presets.PRESETS["cpu-tiny"])
     mine = dataclasses.replace(presets.PRESETS["24gb"], temperature=1.0, max_steps=80)   # a preset of your own
     config = presets.grpo_config(mine, output_dir="out", save_steps=10)   # a name or a Preset; imports unsloth first
@@ -52,8 +53,9 @@ class Preset:
     name: str
     # The machine it is made for
     gpu_gb: float | None = _part("machine", 24.0)  # the card (an L4); vLLM gets at most a share of it. None: a CPU
-    gpu_need_gb: float = _part("machine", 21.0)  # free GPU memory the GRPO run needs with vLLM: the whole process's
-    # peak, measured in docs/benchmarks.md (Qwen3-4B: 20.8 GiB with 16-bit weights, 16.6 with 4-bit)
+    gpu_need_gb: float = _part("machine", 21.0)  # free GPU memory the GRPO run needs with vLLM's 16-bit weights:
+    # the whole process's peak, measured in docs/benchmarks.md (Qwen3-4B: 20.8 GiB)
+    gpu_need_gb_quantized: float = _part("machine", 17.0)  # the same with 4-bit or fp8 weights (16.6 and 16.7 GiB)
     gpu_need_gb_without_vllm: float = _part("machine", 13.0)  # the same with transformers' generate
     torch_threads: int | None = _part("machine", None)  # torch's CPU threads; None: torch's default
     # FastLanguageModel.from_pretrained
@@ -147,9 +149,10 @@ class Preset:
 
 PRESETS = {preset.name: preset for preset in (
     Preset("24gb"),
-    Preset("16bit", gpu_gb=48.0, gpu_need_gb=40.0, gpu_need_gb_without_vllm=25.0,  # the L40S; vLLM takes half
+    Preset("16bit", gpu_gb=48.0, gpu_need_gb=40.0, gpu_need_gb_quantized=40.0,  # the L40S; vLLM takes half
+           gpu_need_gb_without_vllm=25.0,
            load_in_4bit=False, vllm_share_16bit=0.5, vllm_weights="16bit", generation_parts_without_vllm=1),
-    Preset("cpu-tiny", gpu_gb=None, gpu_need_gb=0.0, gpu_need_gb_without_vllm=0.0,
+    Preset("cpu-tiny", gpu_gb=None, gpu_need_gb=0.0, gpu_need_gb_quantized=0.0, gpu_need_gb_without_vllm=0.0,
            torch_threads=1,  # its small CPU host also runs the envs and their server, which more threads spin against
            load_in_4bit=False, max_seq_length=1024, dtype="float32", vllm=False,
            gradient_checkpointing=False,
@@ -182,22 +185,30 @@ def named(preset: Preset | str) -> Preset:
     return PRESETS[preset]
 
 
-def table(preset: Preset | str, config=None):
+def table(preset: Preset | str, config=None, model=None):
     """Every setting of ``preset`` by part, as a pandas DataFrame; with a GRPOConfig built from it (``grpo_config``),
     also what that config holds of each GRPO setting (enums by value): the run's own arguments, such as
-    ``max_steps``, show there."""
+    ``max_steps``, show there; with the model ``models.load_model`` loaded, what it was loaded as (``load_in_4bit``,
+    ``vllm``), which the card's choice of vLLM's weights decides."""
     import pandas as pd
 
     preset = named(preset)
     rows = sorted(([field.metadata["part"], field.name, getattr(preset, field.name)]
                    for field in dataclasses.fields(preset) if "part" in field.metadata),
                   key=lambda row: PARTS.index(row[0]))
+    held = {} if config is None else {row[1]: getattr(config, row[1], "") for row in rows
+                                      if row[0] in ("grpo", "trainer")}
+    if model is not None:
+        from agentenv_nb.train.rollout import generator
+
+        held.update(load_in_4bit=any(type(module).__name__ == "Linear4bit" for module in model.modules()),
+                    vllm=generator(model) == "vllm")
     columns = ["part", "setting", "preset"]
-    if config is not None:
+    if config is not None or model is not None:
         columns.append("config")
         for row in rows:
-            held = getattr(config, row[1], "") if row[0] in ("grpo", "trainer") else ""
-            row.append(held.value if isinstance(held, enum.Enum) else held)
+            value = held.get(row[1], "")
+            row.append(value.value if isinstance(value, enum.Enum) else value)
     return pd.DataFrame(rows, columns=columns).set_index("setting").rename_axis(preset.name)
 
 
@@ -222,10 +233,14 @@ def fast_inference(preset: Preset | str) -> bool:
     return named(preset).vllm and _vllm_generates()
 
 
-def gpu_need_gb(preset: Preset | str) -> float:
-    """The free GPU memory ``preset``'s GRPO run needs here: less where it generates without vLLM."""
+def gpu_need_gb(preset: Preset | str, weights: str | None = None, vllm: bool | None = None) -> float:
+    """The free GPU memory ``preset``'s GRPO run needs here: less where it generates without vLLM (``vllm``; None:
+    where it does here), or from 4-bit or fp8 ``weights`` (None: those ``named_weights`` names, else 16-bit's)."""
     preset = named(preset)
-    return preset.gpu_need_gb if fast_inference(preset) else preset.gpu_need_gb_without_vllm
+    if not (fast_inference(preset) if vllm is None else vllm):
+        return preset.gpu_need_gb_without_vllm
+    quantized = (weights or named_weights(preset)) in ("4bit", "fp8")
+    return preset.gpu_need_gb_quantized if quantized else preset.gpu_need_gb
 
 
 def torch_threads(preset: Preset | str) -> int | None:
@@ -243,15 +258,20 @@ def _say(line: str) -> None:
     print(line)
 
 
-def vllm_weights(preset: Preset | str, model_name: str) -> str:
-    """The precision vLLM generates ``model_name`` in for ``preset`` (one of ``vllm_sizing.WEIGHTS``): the preset's,
-    or for "auto" the fastest that fits this card, said in one line (once)."""
+def named_weights(preset: Preset | str) -> str | None:
+    """The precision of vLLM's weights named for ``preset``: its own, else AGENTENV_NB_VLLM_WEIGHTS; None where the
+    card chooses ("auto", ``vllm_weights``)."""
     preset = named(preset)
     if preset.vllm_weights not in ("auto", *vllm_sizing.WEIGHTS):
         raise ValueError(f"vllm_weights={preset.vllm_weights!r}: choose 'auto' or one of {vllm_sizing.WEIGHTS}")
-    if preset.vllm_weights != "auto":
-        return preset.vllm_weights
-    if named_here := settings.get("vllm_weights"):
+    return preset.vllm_weights if preset.vllm_weights != "auto" else settings.get("vllm_weights")
+
+
+def vllm_weights(preset: Preset | str, model_name: str) -> str:
+    """The precision vLLM generates ``model_name`` in for ``preset`` (one of ``vllm_sizing.WEIGHTS``): the one named
+    (``named_weights``), else the fastest that fits this card, said in one line (once)."""
+    preset = named(preset)
+    if named_here := named_weights(preset):
         return named_here
     import torch
 

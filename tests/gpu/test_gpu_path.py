@@ -71,6 +71,7 @@ def test_4bit_grpo_step_calls_tools_through_agentenv(model_path, tmp_path):
     import torch
 
     from agentenv_nb import AgentEnv
+    from agentenv_nb.notebook.preflight import check_gpu
     from agentenv_nb.train import models, presets
     from agentenv_nb.train.grpo import GRPOTrainer
     from agentenv_nb.tasks.gridsim import write_bundle
@@ -81,6 +82,9 @@ def test_4bit_grpo_step_calls_tools_through_agentenv(model_path, tmp_path):
         four_bit = dataclasses.replace(presets.PRESETS["24gb"], vllm_weights="4bit")  # not the card's fastest
         model, tokenizer = models.load_model(model_path, four_bit)
         assert any(type(module).__name__ == "Linear4bit" for module in model.modules()), "not loaded in 4-bit"
+        [gpu] = check_gpu(four_bit)  # notebook 03's second preflight: what the loaded model holds isn't missing
+        assert gpu["status"] == "ok" and "this process holding" in gpu["detail"], gpu
+        assert presets.table(four_bit, model=model).loc["load_in_4bit", "config"], "the table misses the 4-bit load"
         use_vllm = presets.fast_inference("24gb")
         assert (getattr(model, "vllm_engine", None) is not None) == use_vllm, "fast_inference didn't pick the backend"
         config = presets.grpo_config(
