@@ -113,9 +113,10 @@ def async_grpo_trainer(model, processing_class, args, env, callbacks=()):
     servers' sessions. Each rollout's reward is its env's; eval and per-score metrics are GRPOTrainer's only."""
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
+    from agentenv_nb.train.rollout import generator
     from agentenv_nb.train.sessions import capacity_problem
 
-    if getattr(model, "vllm_engine", None) is None:
+    if generator(model) != "vllm":
         raise ValueError("async_grpo_trainer generates on the model's own vLLM engine, and this model has none: load "
                          "it with a preset that generates on vLLM (fast_inference), on a GPU where vLLM imports")
     if env.rules.plain_text_replies:
