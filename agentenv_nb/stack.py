@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.metadata
 import importlib.util
 import logging
 import os
 import sys
 import warnings
+from pathlib import Path
 from types import ModuleType
 
 
@@ -74,15 +76,31 @@ def import_unsloth() -> ModuleType:
 
 @functools.cache
 def vllm_available() -> tuple[bool, str]:
-    """Whether Unsloth's colocated vLLM (fast_inference=True) can run here, and why not if not."""
+    """Whether Unsloth's colocated vLLM (fast_inference=True) can run here, and why not if not: vLLM installed, a
+    CUDA GPU visible, and every compiled extension it ships loading beside this torch."""
     if importlib.util.find_spec("vllm") is None:
         return False, "vllm is not installed"
     import torch
 
     if not torch.cuda.is_available():
         return False, "vllm needs a CUDA GPU and none is visible"
+    if problem := vllm_load_problem():
+        return False, problem
+    return True, "vllm and its compiled extensions load, and a CUDA GPU is visible"
+
+
+def vllm_load_problem() -> str | None:
+    """Why the installed vLLM doesn't load beside this torch, or None. ``import vllm`` loads none of its compiled
+    extensions, so a build for another CUDA or torch imports and fails later, inside Unsloth's load: each extension it
+    ships beside its ``__init__`` (_C, _moe_C, ...) is loaded here, as Unsloth's own guard does since
+    unslothai/unsloth#6621."""
+    import torch
+
     try:
-        importlib.import_module("vllm")
-    except Exception as error:  # a vllm built for another torch fails in many ways
-        return False, f"vllm does not import: {type(error).__name__}: {error}"
-    return True, "vllm imports and a CUDA GPU is visible"
+        folder = Path(importlib.import_module("vllm").__file__).parent
+        for extension in sorted(folder.glob("*.so")):
+            importlib.import_module(f"vllm.{extension.name.split('.')[0]}")
+    except Exception as error:  # a vllm built for another CUDA or torch fails in many ways
+        return (f"vllm {importlib.metadata.version('vllm')} doesn't load here ({type(error).__name__}: {error}): it is "
+                f"built for another CUDA or torch than torch {torch.__version__}")
+    return None

@@ -43,7 +43,11 @@ if [[ ${1:-} == --collect ]]; then
   exit
 fi
 deadline=${1:?usage: gpu_session.sh DEADLINE_EPOCH_S | --collect OUT}
-site=$(python3 bench/gpu_stack.py path) || { echo "the stack is not installed: bench/gpu_stack.py receive first"; exit 1; }
+# GPU_STACK: the known set installed there (agentenv_nb.host.stacks; default cuda13, requirements-gpu.txt's), which the
+# notebooks' set-up cell then finds installed (AGENTENV_NB_STACK)
+export AGENTENV_NB_STACK=${GPU_STACK:-cuda13}
+site=$(python3 bench/gpu_stack.py path --stack "$AGENTENV_NB_STACK") \
+  || { echo "the stack is not installed: bench/gpu_stack.py receive first"; exit 1; }
 mkdir -p "$WORK"
 # The kit installed too, not only importable: its process sandbox is an agent_env plugin found by its entry point.
 python3 -m pip install -q --no-deps --no-index --no-build-isolation --target "$WORK/kit" . || exit 1
@@ -53,8 +57,13 @@ say() { echo "[$(date +%T), $(left) s left] $*"; }
 room() { (($(left) >= 80)) || { say "$1: not started, too close to the deadline"; return 1; }; }  # a load's time
 python3 - <<'EOF'
 import importlib.metadata as md, torch
-print({n: md.version(n) for n in ("torch", "vllm", "vllm-bnb-plugin", "unsloth", "trl", "transformers", "bitsandbytes",
-                                  "triton", "nvidia-nccl-cu13", "nvidia-cudnn-cu13")})
+def version(name):
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+print({n: version(n) for n in ("torch", "vllm", "vllm-bnb-plugin", "unsloth", "trl", "transformers", "bitsandbytes",
+                               "triton", "nvidia-nccl-cu13", "nvidia-cudnn-cu13")})
 print(torch.cuda.get_device_name(), "cuDNN", torch.backends.cudnn.version())
 EOF
 q4b() {  # the random Qwen3-4B shape, built on the GPU

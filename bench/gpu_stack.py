@@ -31,6 +31,8 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the kit's known sets, from this checkout, before the kit is installed there
+from agentenv_nb.host.stacks import KEEP, STACKS  # noqa: E402
 MACHINE = ROOT / "bench" / "gpu_machine.toml"
 WORK = ROOT / ".gpu" / "stack"
 
@@ -94,10 +96,21 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def for_stack(desc: dict, name: str) -> tuple[dict, list[str], Path]:
+    """The machine's description as ``name``'s set needs it, that set's pins, and where its parts go. A set that
+    keeps the runtime's torch keeps the machine's own (``own_torch``), and carries nothing torch 2.13 needs."""
+    stack = STACKS[name]
+    if stack.changes.get("torch") != KEEP:
+        return desc, stack.requirements(), WORK
+    torch = desc["own_torch"][0].split("==")[1]
+    desc = {**desc, "keep": [*desc["keep"], *desc["own_torch"]], "carry_anyway": []}
+    return desc, stack.requirements(keep_torch=torch), WORK.with_name(f"stack-{name}")
+
+
 def pack(args) -> None:
-    desc = machine(args.machine)
-    requirements = ["-r", str(ROOT / "requirements-gpu.txt"), *desc["extra"]]
-    dists = resolve(desc, requirements, no_deps=False) + resolve(desc, desc["no_deps"], no_deps=True)
+    global WORK
+    desc, pins, WORK = for_stack(machine(args.machine), args.stack)
+    dists = resolve(desc, [*pins, *desc["extra"]], no_deps=False) + resolve(desc, desc["no_deps"], no_deps=True)
     carried = [d for d in dists if not kept(d, desc)]
     left = sorted(f"{d['name']}=={d['version']} ({kept(d, desc)})" for d in dists if kept(d, desc))
     print(f"gpu_stack: {len(dists)} distributions resolved; {len(left)} not carried:\n  " + "\n  ".join(left))
@@ -111,7 +124,7 @@ def pack(args) -> None:
             tar.add(path, arcname=path.name)
     size, part = bundle.stat().st_size, desc["part_mib"] << 20
     count = -(-size // part)
-    manifest = {"sha256": sha256(bundle), "bytes": size, "parts": count,
+    manifest = {"sha256": sha256(bundle), "bytes": size, "parts": count, "stack": args.stack,
                 "wheels": sorted(f"{d['name']}=={d['version']}" for d in carried)}
     shutil.rmtree(WORK / "parts", ignore_errors=True)
     with open(bundle, "rb") as f:
@@ -122,14 +135,19 @@ def pack(args) -> None:
             (folder / "manifest.json").write_text(json.dumps({**manifest, "index": index}))
     bundle.unlink()
     print(f"gpu_stack: {len(carried)} wheels, {size / 2**20:.0f} MiB in {count} parts under {WORK / 'parts'}; "
-          f"carry one a run: python3 bench/gpu_stack.py receive .gpu/stack/parts/NN")
+          f"carry one a run: python3 bench/gpu_stack.py receive {(WORK / 'parts').relative_to(ROOT)}/NN")
+
+
+def site_of(desc: dict, stack: str) -> Path:
+    """Where ``stack``'s parts gather and it is installed on the machine: one folder a set."""
+    return Path(desc["site"] + ("" if stack == "cuda13" else f"-{stack}"))
 
 
 def receive(args) -> None:
     desc = machine(args.machine)
-    site = Path(desc["site"])
     part = Path(args.part)
     manifest = json.loads((part / "manifest.json").read_text())
+    site = site_of(desc, manifest.get("stack", "cuda13"))
     gathered = site / "parts"
     mine = gathered / "manifest.json"
     if mine.exists() and json.loads(mine.read_text())["sha256"] != manifest["sha256"]:
@@ -186,7 +204,7 @@ def unpack(wheel: Path, target: Path) -> None:
 
 
 def path(args) -> None:
-    site = Path(machine(args.machine)["site"])
+    site = site_of(machine(args.machine), args.stack)
     if not (site / "installed.json").exists():
         raise SystemExit(1)
     print(site / "site-packages")
@@ -197,10 +215,13 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--machine", type=Path, default=MACHINE, help="the machine's description (TOML)")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("pack", help="resolve, download and cut the stack into parts (here)")
+    packing = commands.add_parser("pack", help="resolve, download and cut the stack into parts (here)")
+    packing.add_argument("--stack", choices=sorted(STACKS), default="cuda13",
+                         help="the known set (agentenv_nb.host.stacks; default: requirements-gpu.txt's cuda13)")
     part = commands.add_parser("receive", help="take one part; the last one installs (there)")
     part.add_argument("part", help="a folder that pack made, carried with this run")
-    commands.add_parser("path", help="print the PYTHONPATH of the installed stack (there)")
+    where = commands.add_parser("path", help="print the PYTHONPATH of the installed stack (there)")
+    where.add_argument("--stack", choices=sorted(STACKS), default="cuda13")
     args = parser.parse_args(argv)
     os.umask(0o022)
     {"pack": pack, "receive": receive, "path": path}[args.command](args)

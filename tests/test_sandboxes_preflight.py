@@ -269,18 +269,26 @@ def test_an_l4_is_checked_for_the_weights_vllm_loads_and_not_again_once_the_mode
     assert row["status"] == "ok" and "this process holding 16.0 GB (the model)" in row["detail"]
 
 
-def test_versions_against_a_requirements_file(tmp_path):
+@pytest.fixture
+def pinned(tmp_path, monkeypatch):
+    """requirements-gpu.txt as a file of the test's, written by ``pin(text)``: every known set reads it."""
+    from agentenv_nb.host import stacks
+
     requirements = tmp_path / "requirements-gpu.txt"
-    requirements.write_text("# pins\ntrl==0.0.1\ntransformers==5.17.0\npandas==0.0.1\nno-such-package-xyz==1.0\n")
-    rows = pf.check_versions("24gb", requirements)
+    monkeypatch.setattr(stacks, "REQUIREMENTS", requirements)
+    return requirements.write_text
+
+
+def test_versions_against_the_hosts_set(pinned):
+    pinned("# pins\ntrl==0.0.1\ntransformers==5.17.0\npandas==0.0.1\nno-such-package-xyz==1.0\n")
+    rows = pf.check_versions("24gb")
     assert _statuses(rows) == {"versions": "warn", "version trl": "fail", "version pandas": "warn",
                                "version no-such-package-xyz": "warn"}
     trl_row = next(row for row in rows if row["check"] == "version trl")
-    assert "pins trl==0.0.1" in trl_row["detail"] and "pip install 'trl==0.0.1'" in trl_row["fix"]
-    cpu = pf.check_versions("cpu-tiny", requirements)
+    assert "set pins trl==0.0.1" in trl_row["detail"] and "python -m agentenv_nb.host" in trl_row["fix"]
+    cpu = pf.check_versions("cpu-tiny")
     assert _statuses(cpu) == {"versions": "warn", "version trl": "fail"}  # pandas isn't the CPU path's
     assert "on the CPU only trl, transformers and unsloth matter" in cpu[0]["detail"]
-    assert pf.check_versions("cpu-tiny", tmp_path / "missing.txt")[0]["status"] == "warn"
 
 
 def test_the_kits_own_pins_hold_on_the_cpu():
@@ -343,12 +351,11 @@ def test_modal_sandbox_without_credentials_fails_with_the_how_to(clean_env):
     assert pf.check_modal("process") == []
 
 
-def test_preflight_prints_a_line_per_problem_and_strict_raises(clean_env, grpo_config, capsys, tmp_path):
-    requirements = tmp_path / "requirements-gpu.txt"
-    requirements.write_text("trl==0.0.1\n")
+def test_preflight_prints_a_line_per_problem_and_strict_raises(clean_env, grpo_config, capsys, pinned):
+    pinned("trl==0.0.1\n")
     config = grpo_config(chat_template_kwargs={"enable_thinking": True})
     table = pf.preflight("cpu-tiny", env="http://127.0.0.1:9", trainer_args=config, max_concurrent_envs=2,
-                         sandbox="modal", requirements=requirements)
+                         sandbox="modal")
     assert list(table.columns) == ["check", "status", "detail", "fix"]
     problems = table[table.status != "ok"]
     # Import order depends on what else this pytest process ran first; a fresh process tests it above.
@@ -359,7 +366,7 @@ def test_preflight_prints_a_line_per_problem_and_strict_raises(clean_env, grpo_c
     assert out[-1] == f"preflight: {len(table) - len(problems)} of {len(table)} checks ok"
     assert any(line.startswith("preflight: FAIL sessions:") and "-> fix:" in line for line in out)
     with pytest.raises(pf.PreflightError, match="FAIL env server"):
-        pf.preflight("cpu-tiny", env="http://127.0.0.1:9", requirements=requirements, strict=True, show=False)
+        pf.preflight("cpu-tiny", env="http://127.0.0.1:9", strict=True, show=False)
 
 
 @pytest.mark.slow
@@ -370,11 +377,12 @@ def test_preflight_in_a_notebook_displays_the_table(tmp_path):
     requirements = tmp_path / "requirements-gpu.txt"
     requirements.write_text("trl==0.0.1\n")
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        f"from agentenv_nb.notebook.preflight import preflight\n_ = preflight('cpu-tiny', requirements={str(requirements)!r})")])
+        f"from pathlib import Path\nfrom agentenv_nb.host import stacks\nstacks.REQUIREMENTS = Path({str(requirements)!r})\n"
+        "from agentenv_nb.notebook.preflight import preflight\n_ = preflight('cpu-tiny')")])
     NotebookClient(notebook, timeout=300, resources={"metadata": {"path": str(tmp_path)}}).execute()
     [output] = [out for out in notebook.cells[0].outputs if out.get("name") != "stderr"]  # the table, no printed lines
     html = output["data"]["text/html"]
-    assert output["output_type"] == "display_data" and "<table" in html and "pip install 'trl==0.0.1'" in html
+    assert output["output_type"] == "display_data" and "<table" in html and "set pins trl==0.0.1" in html
 
 
 def test_an_image_of_an_older_python_runs_quietly_and_of_a_newer_one_is_said(tmp_path, caplog):

@@ -43,8 +43,10 @@ def test_help_and_usage_errors_in_one_line(tmp_path):
                        (["--run-dir", tmp_path], f"no warm start at {tmp_path}/sft/merged: run notebook 02"),
                        (["--warm-start", tmp_path, "--preset", "cpu-tiny", "--bundle", "no-such-bundle"],
                         "no bundle 'no-such-bundle'"),
-                       (["--warm-start", tmp_path], "the '24gb' preset trains on a GPU and none is visible here"),
-                       (["--warm-start", tmp_path, "--set", "fsdp=full_shard"], "FSDP can't train the '24gb' preset"),
+                       (["--warm-start", tmp_path, "--preset", "24gb"],
+                        "the '24gb' preset trains on a GPU and none is visible here"),
+                       (["--warm-start", tmp_path, "--preset", "24gb", "--set", "fsdp=full_shard"],
+                        "FSDP can't train the '24gb' preset"),
                        (["--warm-start", tmp_path, "--preset", "cpu-tiny", "--trainer", "async"],
                         "the async trainer generates on the model's own vLLM, and the 'cpu-tiny' preset generates "
                         "without it: pick --trainer grpo, or a preset that generates on vLLM"),

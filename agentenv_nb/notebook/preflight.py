@@ -16,7 +16,7 @@ with CAPACITY_REACHED mid-training, is also warned about (``CapacityWarning``), 
 
 from __future__ import annotations
 
-import importlib.metadata
+import importlib.util
 import re
 import sys
 import warnings
@@ -29,9 +29,13 @@ from agentenv_nb import settings
 from agentenv_nb.client.agentenv import describe_server
 from agentenv_nb.envs.choice import MODAL
 from agentenv_nb.envs.modal_credentials import MODAL_HOW_TO, find_modal_credentials
+from agentenv_nb.host import stacks
+from agentenv_nb.host.plan import plan_for, plan_here, preset_for, runs_on_driver
+from agentenv_nb.host.probe import Host, version_text
+from agentenv_nb.stack import vllm_load_problem
 from agentenv_nb.train.export import hub_problem
 from agentenv_nb.train.launch import ASYNC_EVALS, async_problem, processes_launched
-from agentenv_nb.train.presets import Preset, gpu_need_gb, named
+from agentenv_nb.train.presets import Preset, gpu_need_gb, named, training_precision
 from agentenv_nb.train.tracking import report_to_problem
 
 COLUMNS = ["check", "status", "detail", "fix"]
@@ -39,8 +43,8 @@ THINKING_BUDGET = 6144  # the recipe page: Qwen3-4B's thinking on a GridSim day 
 CPU_PINS = ("trl", "transformers", "unsloth")  # what the CPU path (stock TRL after unsloth's patch) depends on
 TRAINER_STACK = {"torch", "unsloth", "unsloth-zoo", "trl", "transformers", "vllm", "vllm-bnb-plugin", "bitsandbytes",
                  "peft", "agentenv-framework"}  # a different version here fails; elsewhere it warns
-REQUIREMENTS = Path(__file__).resolve().parents[2] / "requirements-gpu.txt"
 RESTART = "then restart the runtime (Colab: Runtime -> Restart session)"
+SET_UP = "run the set-up step (the notebook's first code cell, or python -m agentenv_nb.host)"
 
 
 class PreflightError(RuntimeError):
@@ -98,39 +102,77 @@ def check_trainer(trainer: str, preset: Preset | str) -> list[dict]:
     return [_row("trainer", "ok", f"Unsloth's AsyncGRPOTrainer on the model's own vLLM; {ASYNC_EVALS}")]
 
 
-def check_versions(preset: Preset | str, requirements: str | Path = REQUIREMENTS) -> list[dict]:
-    """Installed versions against the exact pins of ``requirements``; on the CPU only the trl, transformers and
-    unsloth pins matter, the rest being the GPU stack's."""
+def _plan(host: Host | None):
+    """The plan for ``host``, or this machine's (AGENTENV_NB_STACK heeded)."""
+    return plan_for(host) if host is not None else plan_here()
+
+
+def check_host(preset: Preset | str, host: Host | None = None) -> list[dict]:
+    """This host against what runs on it (``host.plan``): its decision in one row; the installed torch against the
+    driver; the precision against the card; the card against the preset."""
+    plan, preset = _plan(host), named(preset)
+    host = plan.host
+    rows = [_row("host", "ok" if plan.stack else "fail", plan.line().removeprefix("agentenv_nb: "), plan.fix)]
+    if host.gpus and host.torch and not runs_on_driver(host.torch_cuda, host.driver_cuda):
+        rows.append(_row("driver", "fail", f"torch {host.torch} is built for CUDA {version_text(host.torch_cuda)}; "
+                         f"this driver ({host.driver}) runs CUDA {version_text(host.driver_cuda)} at most, so torch "
+                         "sees no GPU", f"{SET_UP}: it installs the '{plan.stack.name}' set here" if plan.stack else
+                         plan.fix))
+    if preset.on_cpu or host.gpu is None:
+        return rows
+    precision, card = training_precision(preset, host), host.gpu
+    if precision == "bf16" and not card.bf16:
+        rows.append(_row("precision", "fail", f"bf16 asked for, and {card.name} (compute capability "
+                         f"{version_text(card.capability)}) has none: Unsloth loads the model in float16 there and its "
+                         "trainers refuse bf16", "AGENTENV_NB_PRECISION=fp16, or unset it: fp16 is this card's"))
+    else:
+        rows.append(_row("precision", "ok", f"trains in {precision} on {card.name}"))
+    if card.memory_gb < preset.gpu_gb * 0.9:
+        rows.append(_row("card", "fail", f"the '{preset.name}' preset is made for a {preset.gpu_gb:.0f} GB card; "
+                         f"{card.name} has {card.memory_gb:.0f} GB", f"PRESET='{preset_for(host)}' (or 'auto', the "
+                                                                     "preset that fits this card)"))
+    return rows
+
+
+def check_vllm(preset: Preset | str) -> list[dict]:
+    """A vLLM that is installed but doesn't load beside this torch (built for another CUDA or torch), where the preset
+    would generate on it: generation falls back to transformers' ``generate``."""
+    if not named(preset).vllm or importlib.util.find_spec("vllm") is None:
+        return []
+    if problem := vllm_load_problem():
+        return [_row("vllm", "warn", f"{problem}; rollouts generate on transformers' generate instead, slower",
+                     f"{SET_UP}: it installs the vLLM build this host runs")]
+    return [_row("vllm", "ok", "vllm's compiled extensions load beside this torch")]
+
+
+def check_versions(preset: Preset | str, host: Host | None = None) -> list[dict]:
+    """Installed versions against the pins of the set this host runs (``host.stacks``); on the CPU only the trl,
+    transformers and unsloth pins matter, the rest being the GPU stack's. The fix is the set-up step, never a bare
+    pip line: the pinned torch of another set could be one this driver can't run."""
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
-    path = Path(requirements)
-    if not path.is_file():
-        return [_row("versions", "warn", f"{path} not found, so versions weren't checked",
-                     "pass requirements= the kit's requirements-gpu.txt (it is in the repository's root)")]
+    plan = _plan(host)
+    if plan.stack is None:
+        return []  # the host row says what to do
     cpu = named(preset).on_cpu
     rows, matched = [], 0
-    for line in path.read_text().splitlines():
-        text = line.split("#", 1)[0].strip()
-        if not text or text.startswith("-"):
-            continue
+    for text in plan.stack.requirements(plan.keep_torch):
         pin = Requirement(text)
         name = canonicalize_name(pin.name)
         if cpu and name not in CPU_PINS:
             continue
-        try:
-            installed = importlib.metadata.version(pin.name)
-        except importlib.metadata.PackageNotFoundError:
-            installed = None
+        installed = stacks.installed(pin.name)
         if installed is not None and pin.specifier.contains(installed, prereleases=True):
             matched += 1
             continue
         status = "fail" if name in TRAINER_STACK else "warn"
         seen = f"{pin.name} {installed}, " if installed else f"{pin.name} is not installed; "
-        seen += f"{path.name} pins {pin}"
-        rows.append(_row(f"version {pin.name}", status, seen, f"pip install '{pin}', {RESTART}"))
+        rows.append(_row(f"version {pin.name}", status, f"{seen}the '{plan.stack.name}' set pins {pin}",
+                         f"{SET_UP}, {RESTART}"))
     scope = " (on the CPU only trl, transformers and unsloth matter; the other pins are the GPU stack's)" if cpu else ""
-    return [_row("versions", "ok" if not rows else "warn", f"{matched} pins of {path.name} match{scope}"), *rows]
+    return [_row("versions", "ok" if not rows else "warn", f"{matched} pins of the '{plan.stack.name}' set "
+                 f"match{scope}"), *rows]
 
 
 def _first_import(prefix: str) -> int | None:
@@ -284,22 +326,24 @@ def check_push(repo: str | None) -> list[dict]:
     return [_row("push to hub", "ok", f"the trained model goes to {repo} (private)")]
 
 
-def preflight(preset: Preset | str = "24gb", env=None, split: str = "train", tokenizer=None, trainer_args=None,
+def preflight(preset: Preset | str = "auto", env=None, split: str = "train", tokenizer=None, trainer_args=None,
               needs_hf: bool | None = None, sandbox=None, model: str | None = None, report_to: str | None = None,
               push_to_hub: str | None = None, trainer: str | None = None,
-              max_concurrent_envs: int | None = None, requirements: str | Path = REQUIREMENTS,
+              max_concurrent_envs: int | None = None, host: Host | None = None,
               strict: bool = False, show: bool = True) -> pd.DataFrame:
     """Run every check that applies and return the table (check, status ok/warn/fail, detail, fix).
 
     ``env`` is an AgentEnv or a server URL; ``trainer_args`` a GRPOConfig; ``sandbox`` a name or a Choice;
     ``report_to`` a tracking integration (``train.tracking``); ``push_to_hub`` a Hub repo (``train.export``);
     ``trainer`` notebook 03's TRAINER ("grpo" or "async");
-    ``max_concurrent_envs`` defaults to the env's own (``AgentEnv.max_concurrent_envs``: known for ``local``).
+    ``max_concurrent_envs`` defaults to the env's own (``AgentEnv.max_concurrent_envs``: known for ``local``);
+    ``host`` to this machine as ``host.probe`` reads it.
     ``show`` displays the table in a notebook, elsewhere prints a line per problem; ``strict`` raises PreflightError
     on any fail.
     """
     named(preset)  # an unknown name is refused before any check runs
-    rows, environments = check_gpu(preset) + check_versions(preset, requirements) + check_import_order(), 1
+    rows = check_host(preset, host) + check_gpu(preset) + check_vllm(preset) + check_versions(preset, host)
+    rows, environments = rows + check_import_order(), 1
     rows += check_trainer(trainer, preset) if trainer is not None else []
     if env is not None:
         rows += check_server(env, split)

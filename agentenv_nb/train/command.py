@@ -27,7 +27,7 @@ from pathlib import Path
 
 from agentenv_nb.train.export import hub_problem
 from agentenv_nb.train.launch import ASYNC_EVALS, launch_problem
-from agentenv_nb.train.presets import PRESETS
+from agentenv_nb.train.presets import AUTO, PRESETS
 from agentenv_nb.train.run import SANDBOXES, TRAINERS, GRPORun
 from agentenv_nb.train.tracking import REPORT_TO, report_to_problem
 
@@ -53,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
     _option(p, "bundles_dir")
     _option(p, "run_dir")
     _option(p, "warm_start")
-    _option(p, "preset", choices=PRESETS)
+    _option(p, "preset", choices=(AUTO, *PRESETS))
     _option(p, "trainer", choices=TRAINERS)
     _option(p, "sandbox", choices=SANDBOXES)
     _option(p, "max_steps", type=_positive)
@@ -67,6 +67,7 @@ def parser() -> argparse.ArgumentParser:
                    "agentenv_nb.serve on an env host) instead of serving here; repeat for several servers")
     _option(p, "report_to", choices=REPORT_TO)
     _option(p, "gguf", metavar="QUANT")  # beside the adapter and the merged model in RUN_DIR/trained
+    _option(p, "build_llama_cpp", action="store_true")
     _option(p, "push_to_hub", metavar="OWNER/NAME")
     _option(p, "eval_days", type=_counting)  # rank 0's, after training, into RUN_DIR/greedy-evals.csv
     _option(p, "max_new_tokens", type=_positive)
@@ -154,8 +155,10 @@ def where_to_serve(args):
 def train(args, model_name: str, serving) -> None:
     """Notebook 03's cells on this rank: configure, serve (rank 0) or connect, load, train, save the state, and
     (rank 0) export the trained model."""
+    from agentenv_nb.host.plan import say_plan
     from agentenv_nb.stack import import_unsloth
 
+    say_plan()  # what this host installs and trains with, as the notebooks' set-up cell and preflight say it
     import_unsloth()  # first, so Unsloth patches transformers and TRL before anything uses them
     from accelerate import PartialState
 
@@ -218,7 +221,7 @@ def _train(args, model_name: str, serving, config, state) -> None:
                   f"tool-call rate {scored['tool_call_rate']:.3f} (in {args.run_dir}/greedy-evals.csv)")
         if state.is_main_process:
             export_model(trainer.model, tokenizer, f"{args.run_dir}/trained", gguf=args.gguf,
-                         push_to_hub=args.push_to_hub)
+                         push_to_hub=args.push_to_hub, build_llama_cpp=args.build_llama_cpp)
     except BaseException:
         env.close()
         raise

@@ -6,9 +6,10 @@ Hub; then reloaded, to play it as a user would.
     saved = export_model(model, tokenizer, "runs/gridsim/trained", gguf="q8_0", push_to_hub="you/qwen3-4b-gridsim")
     model, tokenizer = reload(saved["merged"], "24gb")
 
-Unsloth's GGUF exporter converts with llama.cpp, which it would download and build when it isn't there
-(``~/.unsloth/llama.cpp``, or ``UNSLOTH_LLAMA_CPP_PATH``); here nothing is downloaded at run time: without a built
-llama.cpp the GGUF is skipped, saying so. https://docs.unsloth.ai/basics/running-and-saving-models
+Unsloth's GGUF exporter converts with llama.cpp, which it downloads and builds when it isn't there
+(``~/.unsloth/llama.cpp``, or ``UNSLOTH_LLAMA_CPP_PATH``). That takes minutes and a network, so it is the user's
+choice (``build_llama_cpp``), said before the build starts; without it and without a built llama.cpp the GGUF is
+skipped, saying how to have it. https://docs.unsloth.ai/basics/running-and-saving-models
 """
 
 from __future__ import annotations
@@ -17,13 +18,17 @@ import os
 import re
 from pathlib import Path
 
+from agentenv_nb import settings
 from agentenv_nb.library_log import to_log
 from agentenv_nb.stack import import_unsloth
 from agentenv_nb.train import models, presets
 
 NO_LLAMA_CPP = ("GGUF skipped: Unsloth's exporter needs a built llama.cpp (llama-quantize and convert_hf_to_gguf.py) "
-                "in {folder} or UNSLOTH_LLAMA_CPP_PATH, and none is there; nothing is downloaded at run time "
-                "(build llama.cpp there, https://github.com/ggml-org/llama.cpp, and export again)")
+                "in {folder} or UNSLOTH_LLAMA_CPP_PATH, and none is there; set BUILD_LLAMA_CPP=True (the command's "
+                "--build-llama-cpp) to let it download and build one (minutes, with a network, as on Colab), or build "
+                "llama.cpp there yourself, https://github.com/ggml-org/llama.cpp, and export again")
+BUILDING = ("GGUF: no built llama.cpp in {folder}, so Unsloth's exporter downloads and builds it now, which takes several "
+            "minutes (BUILD_LLAMA_CPP=False skips the GGUF)")
 
 
 def hub_problem(repo: str) -> str | None:
@@ -59,21 +64,31 @@ def llama_cpp_problem() -> str | None:
 
 
 def export_model(model, tokenizer, folder: str | Path, gguf: str = "q8_0", push_to_hub: str = "",
-                 private: bool = True) -> dict[str, str | None]:
+                 private: bool = True, build_llama_cpp: bool = False) -> dict[str, str | None]:
     """Save ``folder/adapter`` (LoRA; none for a model trained in full) and ``folder/merged`` (16-bit), a GGUF of
-    quantization ``gguf`` ("" for none) in ``folder/gguf`` where llama.cpp is built, and upload the merged model (and
-    GGUF) to the Hub repo ``push_to_hub`` (private unless told otherwise). Refuses a push it can't make before
-    saving anything (``hub_problem``). Returns where each went (None for what wasn't made) and says so."""
+    quantization ``gguf`` ("" for none) in ``folder/gguf`` where llama.cpp is built (or, with ``build_llama_cpp``,
+    once Unsloth's exporter has built it), and upload the merged model (and GGUF) to the Hub repo ``push_to_hub``
+    (private unless told otherwise). Refuses a push it can't make before saving anything (``hub_problem``). Returns
+    where each went (None for what wasn't made) and says so; a GGUF that fails loses nothing else."""
     if problem := hub_problem(push_to_hub):
         raise ValueError(problem)
     folder = Path(folder)
     merged = models.save_warm_start(model, tokenizer, folder)
     saved = {"adapter": str(folder / "adapter") if (folder / "adapter").is_dir() else None, "merged": merged,
              "gguf": None, "hub": None}
-    if gguf and not (why := llama_cpp_problem()):
-        saved["gguf"] = _gguf(model, tokenizer, folder / "gguf", gguf)
+    missing = gguf and llama_cpp_problem()
+    if gguf and (not missing or build_llama_cpp):
+        if missing:
+            from unsloth_zoo.llama_cpp import LLAMA_CPP_DEFAULT_DIR
+
+            print(BUILDING.format(folder=LLAMA_CPP_DEFAULT_DIR), flush=True)
+        try:
+            saved["gguf"] = _gguf(model, tokenizer, folder / "gguf", gguf, offline=not missing)
+        except Exception as error:  # a build or conversion that fails: the adapter and merged model are saved
+            last = (str(error).strip().splitlines() or [""])[-1]
+            print(f"GGUF not made: {type(error).__name__}: {last} ({settings.get('library_log')} has the rest)")
     elif gguf:
-        print(why)
+        print(missing)
     if push_to_hub:
         saved["hub"] = _push(push_to_hub, [Path(merged), *([Path(saved["gguf"])] if saved["gguf"] else [])], private)
     for what, where in saved.items():
@@ -82,8 +97,13 @@ def export_model(model, tokenizer, folder: str | Path, gguf: str = "q8_0", push_
     return saved
 
 
-def _gguf(model, tokenizer, folder: Path, quantization: str) -> str:
-    """Unsloth's GGUF export, kept offline (``UNSLOTH_LLAMA_CPP_OFFLINE``): the llama.cpp found converts."""
+def _gguf(model, tokenizer, folder: Path, quantization: str, offline: bool = True) -> str:
+    """Unsloth's GGUF export; ``offline`` (``UNSLOTH_LLAMA_CPP_OFFLINE``): the llama.cpp found converts, nothing is
+    downloaded."""
+    if not offline:
+        with to_log("building llama.cpp and exporting the GGUF"):
+            model.save_pretrained_gguf(str(folder), tokenizer, quantization_method=quantization)
+        return str(folder)
     before, os.environ["UNSLOTH_LLAMA_CPP_OFFLINE"] = os.environ.get("UNSLOTH_LLAMA_CPP_OFFLINE"), "1"
     try:
         with to_log("exporting the GGUF"):

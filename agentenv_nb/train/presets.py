@@ -4,8 +4,9 @@ GRPO and SFT arguments are pure functions of a preset.
 ``"24gb"`` is the Unsloth GridSim recipe (https://www.agentenvframework.com/docs/training/unsloth) on a 24 GB GPU
 (4-bit QLoRA, vLLM generating from the same 4-bit weights; 16-bit or fp8 weights instead where they fit the card,
 being faster), and ``Preset``'s defaults are its settings; ``"16bit"`` is the same in 16-bit LoRA (the L40S row),
-``"cpu-tiny"`` the same recipe shrunk for the tiny offline model on a CPU (only: on a GPU, Unsloth turns bf16
-autocast on for the float32 tiny model). Every argument Unsloth's GRPOConfig/SFTConfig would change when left unset
+``"16gb"`` the same for a 16 GB card (a T4 on Colab or Kaggle, in fp16: 16 rollouts a step), ``"cpu-tiny"`` the same
+recipe shrunk for the tiny offline model on a CPU (only: on a GPU, Unsloth turns bf16 autocast on for the float32
+tiny model). ``"auto"`` is the one that fits this host's card (``host.plan``). Every argument Unsloth's GRPOConfig/SFTConfig would change when left unset
 is set here, and each config is checked after it is built (``configs``), so a run's settings are TRL's and ours, not
 silently Unsloth's. Left as Unsloth's, as in the recipe's runs: vllm_importance_sampling_correction False,
 gradient_checkpointing_kwargs use_reentrant True, logging_nan_inf_filter False, eval_accumulation_steps 2,
@@ -58,6 +59,8 @@ class Preset:
     gpu_need_gb_quantized: float = _part("machine", 17.0)  # the same with 4-bit or fp8 weights (16.6 and 16.7 GiB)
     gpu_need_gb_without_vllm: float = _part("machine", 13.0)  # the same with transformers' generate
     torch_threads: int | None = _part("machine", None)  # torch's CPU threads; None: torch's default
+    precision: str = _part("machine", "auto")  # "bf16", "fp16", "fp32", or "auto": bf16 where the card computes in it
+    # (compute capability 8.0 on), else fp16 (a T4), or AGENTENV_NB_PRECISION where that is set
     # FastLanguageModel.from_pretrained
     load_in_4bit: bool = _part("model", True)
     max_seq_length: int = _part("model", 4096)
@@ -135,7 +138,6 @@ class Preset:
     small_temperature: float = _part("small", 0.7)
     small_lr_scheduler_type: str = _part("small", "constant")
     # GRPOConfig's and SFTConfig's
-    bf16: bool = _part("trainer", True)
     lr_scheduler_type: str = _part("trainer", "cosine")
     optim: str = _part("trainer", "adamw_torch")  # Unsloth's default: adamw_8bit. The same AdamW as TRL's fused one
     weight_decay: float = _part("trainer", 0.0)  # Unsloth's: 0.001
@@ -152,6 +154,11 @@ PRESETS = {preset.name: preset for preset in (
     Preset("16bit", gpu_gb=48.0, gpu_need_gb=40.0, gpu_need_gb_quantized=40.0,  # the L40S; vLLM takes half
            gpu_need_gb_without_vllm=25.0,
            load_in_4bit=False, vllm_share_16bit=0.5, vllm_weights="16bit", generation_parts_without_vllm=1),
+    Preset("16gb", gpu_gb=15.0,  # a T4's usable 15 GB; its bf16 is emulated, so "auto" trains it in fp16
+           gpu_need_gb=14.0, gpu_need_gb_quantized=12.0, gpu_need_gb_without_vllm=10.0,
+           gradient_accumulation_steps=2,  # 16 rollouts a step: 2 tasks, 8 rollouts each
+           per_device_eval_batch_size=16,
+           sft_per_device_train_batch_size=2, sft_gradient_accumulation_steps=8),
     Preset("cpu-tiny", gpu_gb=None, gpu_need_gb=0.0, gpu_need_gb_quantized=0.0, gpu_need_gb_without_vllm=0.0,
            torch_threads=1,  # its small CPU host also runs the envs and their server, which more threads spin against
            load_in_4bit=False, max_seq_length=1024, dtype="float32", vllm=False,
@@ -162,7 +169,7 @@ PRESETS = {preset.name: preset for preset in (
            max_completion_length=512,  # the whole GridSim conversation: two tool calls, their prices, and end_turn
            # cooler and slower than the recipe: the tiny warm start's groups keep a spread, and GRPO doesn't undo it
            temperature=0.8, learning_rate=3e-4, warmup_steps=0, eval_steps=None, per_device_eval_batch_size=4,
-           bf16=False,
+           precision="fp32",
            # 400 conversations, two a step: the expert's 16 demonstrations 25 times over (a CPU's cost is per
            # conversation, batched or not); enough for the tool calls and a valid 24-hour schedule
            sft_max_steps=200, sft_per_device_train_batch_size=2, sft_gradient_accumulation_steps=1,
@@ -176,13 +183,32 @@ _LOADED_IN = {"fp8": {"load_in_4bit": False, "load_in_fp8": True}, "16bit": {"lo
               "4bit": {"load_in_4bit": True}}
 
 
+AUTO = "auto"  # the preset that fits this host's card
+
+
 def named(preset: Preset | str) -> Preset:
-    """The preset ``preset`` names, or ``preset`` itself; a name not in PRESETS is refused, saying which are."""
+    """The preset ``preset`` names, or ``preset`` itself; "auto" is the one that fits this host's card, said in one
+    line (once); a name not in PRESETS is refused, saying which are."""
     if isinstance(preset, Preset):
         return preset
+    if preset == AUTO:
+        from agentenv_nb.host.plan import say_plan
+
+        return PRESETS[say_plan().preset]
     if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {tuple(PRESETS)}, or pass a Preset")
+        raise ValueError(f"unknown preset {preset!r}; choose one of {(AUTO, *PRESETS)}, or pass a Preset")
     return PRESETS[preset]
+
+
+def training_precision(preset: Preset | str, host=None) -> str:
+    """The precision ``preset`` trains in: its own, else AGENTENV_NB_PRECISION, else the card's (``host.plan``) of
+    ``host`` (a ``host.probe.Host``; None: this machine)."""
+    from agentenv_nb.host.plan import plan_here, precision_for
+
+    preset = named(preset)
+    if preset.precision != AUTO:
+        return preset.precision
+    return settings.get("precision") or precision_for(host or plan_here().host)
 
 
 def table(preset: Preset | str, config=None, model=None):
@@ -221,8 +247,10 @@ def differences(a: Preset | str, b: Preset | str) -> dict[str, tuple]:
 
 @functools.cache
 def _vllm_generates() -> bool:
-    """Whether Unsloth's vLLM imports here; says once why not."""
-    ok, why = vllm_available()
+    """Whether Unsloth's vLLM runs here (``host.plan.engine_for``); says once why not."""
+    from agentenv_nb.host.plan import engine_for, plan_here
+
+    ok, why = engine_for(plan_here().host, vllm_available)
     if not ok:
         print(f"agentenv_nb: fast_inference=False ({why}); generating with transformers' generate instead.")
     return ok
@@ -306,10 +334,11 @@ def model_kwargs(preset: Preset | str, model_name: str, **overrides: Any) -> dic
         kwargs.update(_LOADED_IN[weights])
         if "gpu_memory_utilization" not in overrides:  # a share of the WHOLE card
             kwargs["gpu_memory_utilization"] = _vllm_utilization(preset, weights)
-    if preset.dtype is not None:
+    dtype = preset.dtype or {"fp16": "float16"}.get(training_precision(preset))  # else Unsloth's: bf16 from 8.0
+    if dtype is not None:
         import torch
 
-        kwargs["dtype"] = getattr(torch, preset.dtype)
+        kwargs["dtype"] = getattr(torch, dtype)
     return {**kwargs, **overrides}
 
 
@@ -343,7 +372,8 @@ def _named_as(preset: Preset, part: str, prefix: str = "") -> dict:
 
 def _shared(preset: Preset) -> dict:
     """What GRPO and SFT both take from a preset."""
-    return {**_EXPLICIT, **_named_as(preset, "trainer"), "fp16": False}
+    precision = training_precision(preset)
+    return {**_EXPLICIT, **_named_as(preset, "trainer"), "bf16": precision == "bf16", "fp16": precision == "fp16"}
 
 
 def _small(preset: Preset, model_parameters: float | None) -> bool:

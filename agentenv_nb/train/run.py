@@ -1,7 +1,7 @@
 """Notebook 03's GRPO run: its parameters and their defaults, in one place. The notebook's parameters cell, the
 training command's options (``python -m agentenv_nb.train``) and the tiny run CI and the demo make read them here.
 
-    run = GRPORun()                                 # gridsim-v1, the "24gb" preset and its max_steps, ...
+    run = GRPORun()                                 # gridsim-v1, the card's preset and its max_steps, ...
     dataclasses.replace(run, preset="16bit")        # a run of your own
     run.parameters()                                # {"BUNDLE": "gridsim-v1", ...}: the notebook's names
     run.table()                                     # each parameter, its value and what it sets
@@ -37,8 +37,8 @@ class GRPORun:
     run_dir: str = _parameter("runs/gridsim", "where models, checkpoints, logs and plots go; GRPO's in RUN_DIR/grpo")
     warm_start: str = _parameter("", "the SFT model, a folder or a Hub id; empty: RUN_DIR/sft/merged, which notebook "
                                      "02 writes")
-    preset: str = _parameter("24gb", "a name from presets.PRESETS: '24gb' (4-bit QLoRA), '16bit' (LoRA), "
-                                   "'cpu-tiny'")
+    preset: str = _parameter("auto", "'auto': the preset that fits this card ('24gb' on 20 GB or more, '16gb' below, "
+                                     "as on a T4, 'cpu-tiny' with no GPU); or a name from presets.PRESETS ('16bit')")
     trainer: str = _parameter("grpo", "'grpo': TRL's GRPOTrainer (Unsloth's), eval points every eval_steps; 'async': "
                                       "Unsloth's AsyncGRPOTrainer, generating the next batch on the model's own vLLM "
                                       "while this one trains (one GPU with vLLM; no eval loop: the greedy eval after "
@@ -56,6 +56,8 @@ class GRPORun:
     report_to: str = _parameter("none", "also log to 'tensorboard', 'trackio' or 'wandb': reward and every score, by "
                                         "step")
     gguf: str = _parameter("q8_0", "the GGUF export's quantization, where llama.cpp is built; '' for none")
+    build_llama_cpp: bool = _parameter(False, "where no built llama.cpp is found, let Unsloth's exporter download and "
+                                              "build it for the GGUF: minutes, and a network (Colab has one)")
     push_to_hub: str = _parameter("", "a Hub repo (you/my-agent) for the trained model, private; needs "
                                       "HF_TOKEN")
     eval_days: int = _parameter(50, "eval tasks played greedily after training, the first ones, as notebook 02 "

@@ -1,0 +1,247 @@
+"""Where users run the notebooks, decided from what each host's probes read: the set installed, the preset, the
+engine, the precision and the line each user sees; the set-up step run for real here; and preflight's rows for a
+host whose driver, vLLM, card or precision doesn't fit.
+
+The hosts are given as their probes would read them (Colab and Kaggle can't exist here): the driver and the CUDA its
+branch runs, each GPU's compute capability and memory as nvidia-smi reports them, and the runtime's own torch.
+"""
+
+import dataclasses
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agentenv_nb.host.install import commands, refusal, set_up
+from agentenv_nb.host.plan import plan_for, plan_here
+from agentenv_nb.host.probe import Host, cuda_of_driver, read_host
+from agentenv_nb.host.stacks import STACKS
+from agentenv_nb.notebook import preflight as pf
+from agentenv_nb.train import presets
+
+COLAB_T4 = {"notebook": "colab", "driver": "550.54.15", "gpus": [("Tesla T4", "7.5", 15.0)],
+            "torch": "2.11.0+cu128", "torch_cuda": "12.8"}
+HOSTS = {
+    "colab-t4": COLAB_T4,
+    "colab-l4": {**COLAB_T4, "gpus": [("NVIDIA L4", "8.9", 22.5)]},
+    "colab-a100": {**COLAB_T4, "gpus": [("NVIDIA A100-SXM4-40GB", "8.0", 40.0)]},
+    "kaggle-2xt4": {"notebook": "kaggle", "driver": "560.35.03", "gpus": [("Tesla T4", "7.5", 15.0)] * 2,
+                    "torch": "2.6.0+cu124", "torch_cuda": "12.4"},
+    "h100-cuda13": {"notebook": "jupyter", "driver": "580.95.05", "gpus": [("NVIDIA H100 80GB HBM3", "9.0", 79.6)],
+                    "torch": None},
+    "h200-cuda13": {"driver": "580.159.04", "gpus": [("NVIDIA H200", "9.0", 140.4)], "torch": "2.11.0+cu130",
+                    "torch_cuda": "13.0"},
+    "colab-cpu": {"notebook": "colab", "torch": "2.11.0+cu128", "torch_cuda": "12.8"},
+    "t4-box-no-torch": {"notebook": "jupyter", "driver": "550.54.15", "gpus": [("Tesla T4", "7.5", 15.0)]},
+    "old-driver": {"driver": "470.239.06", "gpus": [("Tesla T4", "7.5", 15.0)], "torch": "2.11.0+cu128",
+                   "torch_cuda": "12.8"},
+    "kaggle-p100": {"notebook": "kaggle", "driver": "560.35.03", "gpus": [("Tesla P100-PCIE-16GB", "6.0", 16.0)],
+                    "torch": "2.6.0+cu124", "torch_cuda": "12.4"},
+}
+# host: (set, preset, engine, precision, the line's words after the host's)
+DECIDED = {
+    "colab-t4": ("runtime", "16gb", "generate", "fp16",
+                 "-> the 'runtime' set (the runtime's torch 2.11.0+cu128 kept, no vLLM), since Tesla T4 (compute "
+                 "capability 7.5) has no bf16 and no vLLM build of these sets, and its own torch 2.11.0+cu128 runs on "
+                 "this driver; trains in fp16 on transformers' generate with the '16gb' preset"),
+    "colab-l4": ("cuda12", "24gb", "vllm", "bf16",
+                 "-> the 'cuda12' set (torch 2.10.0 and vLLM 0.19.1, CUDA 12.8 builds), since its driver runs CUDA "
+                 "12.4, and vLLM's CUDA-13 wheels (0.20.0 on) need CUDA 13; trains in bf16 on Unsloth's vLLM with the "
+                 "'24gb' preset"),
+    "colab-a100": ("cuda12", "24gb", "vllm", "bf16", "trains in bf16 on Unsloth's vLLM with the '24gb' preset"),
+    "kaggle-2xt4": ("runtime", "16gb", "generate", "fp16", "its own torch 2.6.0+cu124 runs on this driver"),
+    "h100-cuda13": ("cuda13", "24gb", "vllm", "bf16",
+                    "-> the 'cuda13' set (torch 2.13.0 and vLLM 0.29.0, CUDA 13.0 builds), since its driver runs "
+                    "CUDA 13.0; trains in bf16 on Unsloth's vLLM with the '24gb' preset"),
+    "h200-cuda13": ("cuda13", "24gb", "vllm", "bf16", "since its driver runs CUDA 13.0"),
+    "colab-cpu": ("runtime", "cpu-tiny", "generate", "fp32", "no GPU: the runtime's torch serves the CPU preset"),
+    "t4-box-no-torch": ("cuda12-no-vllm", "16gb", "generate", "fp16",
+                        "-> the 'cuda12-no-vllm' set (torch 2.10.0, a CUDA 12.8 build, no vLLM)"),
+}
+BLOCKED = {
+    "old-driver": ("this driver runs CUDA 11.4, older than every known set (CUDA 12.0 or newer)",
+                   "update the NVIDIA driver to the 525 branch or newer"),
+    "kaggle-p100": ("Tesla P100-PCIE-16GB has compute capability 6.0; Unsloth needs 7.0 or newer",
+                    "Kaggle: Settings -> Accelerator -> GPU T4 x2"),
+}
+
+
+def host(name: str) -> Host:
+    return Host.from_dict(HOSTS[name])
+
+
+@pytest.mark.parametrize("name", DECIDED)
+def test_each_host_gets_the_set_preset_engine_and_precision_that_fit_it(name):
+    plan = plan_for(host(name))
+    stack, preset, engine, precision, said = DECIDED[name]
+    assert (plan.stack.name, plan.preset, plan.engine, plan.precision) == (stack, preset, engine, precision)
+    assert said in plan.line() and plan.line().startswith(f"agentenv_nb: {host(name).describe()} -> ")
+
+
+def test_the_line_a_colab_t4_user_sees():
+    assert plan_for(host("colab-t4")).line() == (
+        "agentenv_nb: Colab, Tesla T4 (7.5, 15 GB), driver 550.54.15 (CUDA 12.4), torch 2.11.0+cu128 "
+        + DECIDED["colab-t4"][4])
+    assert plan_for(host("kaggle-2xt4")).line().startswith("agentenv_nb: Kaggle, 2 x Tesla T4 (7.5, 15 GB)")
+
+
+@pytest.mark.parametrize("name", BLOCKED)
+def test_a_host_no_set_fits_gets_one_line_saying_what_to_do_and_installs_nothing(name, capsys):
+    plan = plan_for(host(name))
+    why, fix = BLOCKED[name]
+    assert plan.stack is None and why in plan.why and fix in plan.fix
+    assert set_up(plan) == 1
+    [line] = capsys.readouterr().out.splitlines()
+    assert why in line and fix in line
+
+
+def test_drivers_by_branch():
+    assert [cuda_of_driver(d) for d in ("580.159.04", "570.86.15", "550.54.15", "525.60.13", "470.239.06")] == [
+        (13, 0), (12, 8), (12, 4), (12, 0), (11, 4)]
+
+
+def test_what_the_set_up_runs_on_a_colab_t4_keeps_its_torch():
+    """The runtime's torch is pinned as it is, so nothing the set installs replaces it; no vLLM; xformers, built for
+    torch 2.10 only, removed where it is installed."""
+    plan = plan_for(host("colab-t4"))
+    [install, *rest] = commands(plan, python="python3")  # here: what this machine misses of that set
+    assert install[:5] == ["python3", "-m", "pip", "install", "-q"] and install[5] == "torch==2.11.0+cu128"
+    pins = set(plan.stack.requirements(plan.keep_torch))
+    assert {"unsloth==2026.10.9", "trl==1.15.0", "transformers==5.17.0", "bitsandbytes==0.50.2"} <= pins
+    assert not any(pin.startswith(("vllm", "torch==2.13")) for pin in pins)
+    assert all(command[3] == "uninstall" for command in rest)
+
+
+def test_the_cuda12_set_swaps_torch_and_vllm_and_keeps_every_other_pin():
+    cuda12, cuda13 = STACKS["cuda12"].requirements(), STACKS["cuda13"].requirements()
+    assert {"torch==2.10.0", "vllm==0.19.1"} <= set(cuda12) and not any(p.startswith("vllm-bnb") for p in cuda12)
+    assert set(cuda12) - {"torch==2.10.0", "vllm==0.19.1"} == set(cuda13) - {
+        "torch==2.13.0", "vllm==0.29.0", "vllm-bnb-plugin==0.0.3"}
+    assert STACKS["cuda12"].uninstalls == () and STACKS["cuda13"].uninstalls == ("xformers",)
+
+
+def test_a_set_whose_torch_the_driver_cant_run_is_refused_before_anything_installs(capsys):
+    """A user on a CUDA-12 Colab naming the pinned CUDA-13 set would get a multi-gigabyte install and no GPU."""
+    plan = dataclasses.replace(plan_for(host("colab-l4")), stack=STACKS["cuda13"])
+    assert refusal(plan) and set_up(plan) == 1
+    out = capsys.readouterr().out.splitlines()[-1]
+    assert out == ("agentenv_nb: the 'cuda13' set's torch is a CUDA 13.0 build, and this driver (550.54.15) runs CUDA "
+                   "12.4 at most: installed, it would leave no GPU. Run the set-up without --stack; it picks 'cuda12' "
+                   "here")
+    assert refusal(dataclasses.replace(plan_for(host("h100-cuda13")), stack=STACKS["cuda12"])) is None
+
+
+def test_the_set_up_step_here_reads_this_host_and_has_nothing_to_do():
+    """CI's machine, as set up by .ci/setup (the set-up step itself): the runtime's CPU torch kept, every pin met."""
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "agentenv_nb.host"], capture_output=True, text=True, timeout=60)
+    seconds = time.perf_counter() - start
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    first, second = done.stdout.splitlines()
+    assert first.startswith("agentenv_nb: ") and "no GPU" in first and "'cpu-tiny' preset" in first
+    assert second == f"agentenv_nb: the '{plan_here().stack.name}' set is installed; nothing to do"
+    assert seconds < 30, "the set-up step re-run takes seconds"  # a bound on a hang, not a benchmark
+
+
+def test_the_probes_read_this_machine_without_importing_torch():
+    code = "import sys; from agentenv_nb.host.probe import read_host; h = read_host(); print(h.torch, 'torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    version, imported = done.stdout.split()
+    import torch
+
+    assert version == torch.__version__ and imported == "False"
+    assert read_host().gpus == () and read_host().torch_cuda == (
+        tuple(map(int, torch.version.cuda.split(".")[:2])) if torch.version.cuda else None)
+
+
+def test_preflight_says_a_driver_too_old_for_the_installed_torch():
+    cuda13_torch_on_colab = Host.from_dict({**COLAB_T4, "torch": "2.13.0+cu130", "torch_cuda": "13.0"})
+    [driver] = [row for row in pf.check_host("16gb", cuda13_torch_on_colab) if row["check"] == "driver"]
+    assert driver["status"] == "fail" and "built for CUDA 13.0; this driver (550.54.15) runs CUDA 12.4" in driver["detail"]
+    assert "python -m agentenv_nb.host" in driver["fix"] and "'cuda12-no-vllm' set" in driver["fix"]
+    assert not [row for row in pf.check_host("16gb", host("colab-t4")) if row["check"] == "driver"]
+
+
+def test_preflight_says_a_card_without_bf16_and_a_card_too_small(monkeypatch):
+    t4 = host("colab-t4")
+    rows = {row["check"]: row for row in pf.check_host("24gb", t4)}
+    assert rows["precision"]["status"] == "ok" and rows["precision"]["detail"] == "trains in fp16 on Tesla T4"
+    assert rows["card"]["status"] == "fail" and "made for a 24 GB card; Tesla T4 has 15 GB" in rows["card"]["detail"]
+    assert rows["card"]["fix"].startswith("PRESET='16gb'")
+    assert "card" not in {row["check"] for row in pf.check_host("16gb", t4)}
+    monkeypatch.setenv("AGENTENV_NB_PRECISION", "bf16")
+    [precision] = [row for row in pf.check_host("16gb", t4) if row["check"] == "precision"]
+    assert precision["status"] == "fail" and "Unsloth loads the model in float16 there" in precision["detail"]
+    assert "AGENTENV_NB_PRECISION=fp16" in precision["fix"]
+
+
+def test_versions_are_checked_against_the_hosts_set_and_the_fix_is_the_set_up_step():
+    """Never `pip install torch==2.13.0` as a fix: on a CUDA-12 driver that is the install that leaves no GPU."""
+    rows = pf.check_versions("16gb", Host.from_dict({**COLAB_T4, "torch": "2.13.0+cu130", "torch_cuda": "13.0"}))
+    assert "the 'cuda12-no-vllm' set" in rows[0]["detail"]
+    [torch_row] = [row for row in rows if row["check"] == "version torch"]
+    assert "pins torch==2.10.0" in torch_row["detail"] and "python -m agentenv_nb.host" in torch_row["fix"]
+    assert not any("pip install" in row["fix"] for row in rows)
+
+
+def test_the_precision_a_preset_trains_in_reaches_the_configs(monkeypatch):
+    """fp16 where the card has no bf16 (the setting stands in for a T4's reading here), bf16 on the card a GPU
+    preset is made for, fp32 on the CPU preset; a model loaded in float16 to match."""
+    assert (presets.sft_kwargs("16gb")["bf16"], presets.sft_kwargs("16gb")["fp16"]) == (True, False)
+    assert (presets.grpo_kwargs("cpu-tiny")["bf16"], presets.grpo_kwargs("cpu-tiny")["fp16"]) == (False, False)
+    monkeypatch.setenv("AGENTENV_NB_PRECISION", "fp16")
+    for kwargs in (presets.grpo_kwargs("16gb"), presets.sft_kwargs("16gb")):
+        assert (kwargs["bf16"], kwargs["fp16"]) == (False, True)
+    import torch
+
+    assert presets.model_kwargs("16gb", "m", fast_inference=False)["dtype"] is torch.float16
+    assert presets.grpo_kwargs("cpu-tiny")["fp16"] is False  # the CPU preset's own precision stands
+
+
+def test_the_16gb_preset_is_the_24gb_recipe_at_half_the_rollouts():
+    difference = presets.differences("24gb", "16gb")
+    assert difference["gradient_accumulation_steps"] == (4, 2) and difference["gpu_gb"] == (24.0, 15.0)
+    assert presets.PRESETS["16gb"].num_generations == 8 and presets.PRESETS["16gb"].load_in_4bit
+
+
+def test_auto_is_the_preset_that_fits_this_host(capsys):
+    assert presets.named("auto").name == "cpu-tiny"  # no GPU here
+    with pytest.raises(ValueError, match=r"choose one of \('auto', '24gb'"):
+        presets.named("8gb")
+
+
+BROKEN_VLLM = """
+import os, subprocess, sys
+from pathlib import Path
+root = Path(sys.argv[1])
+package = root / "vllm"
+package.mkdir(parents=True)
+(package / "__init__.py").write_text("")
+(root / "cuda13stub.c").write_text("int cudaRuntimeGetVersion(int *v) { *v = 13000; return 0; }")
+(root / "ext.c").write_text("int cudaRuntimeGetVersion(int *); int probe(void) { int v; return cudaRuntimeGetVersion(&v); }")
+subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcudart.so.99", "-o", root / "libcudart.so.99",
+                root / "cuda13stub.c"], check=True)
+subprocess.run(["cc", "-shared", "-fPIC", "-o", package / "_C.abi3.so", root / "ext.c", root / "libcudart.so.99"],
+               check=True)
+(root / "libcudart.so.99").unlink()  # a CUDA runtime this machine hasn't got (it has CUDA 13's)
+(package / "METADATA").write_text("")
+info = root / "vllm-0.29.0.dist-info"
+info.mkdir()
+(info / "METADATA").write_text("Metadata-Version: 2.1\\nName: vllm\\nVersion: 0.29.0\\n")
+"""
+
+
+def test_a_vllm_built_for_another_cuda_imports_but_is_found_broken(tmp_path):
+    """As on Colab with vLLM's CUDA-13 wheel: ``import vllm`` passes, and its compiled extension can't open the CUDA
+    runtime it was linked against (there libcudart.so.13). A real shared object, linked against a library that is
+    then taken away."""
+    subprocess.run([sys.executable, "-c", BROKEN_VLLM, str(tmp_path)], check=True, timeout=60)
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import vllm; "
+            "from agentenv_nb.notebook.preflight import check_vllm; row, = check_vllm('24gb'); "
+            "print(row['status']); print(row['detail']); print(row['fix'])")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    status, detail, fix = done.stdout.splitlines()[-3:]
+    assert status == "warn", done.stderr[-2000:]
+    assert detail.startswith("vllm 0.29.0 doesn't load here (ImportError: libcudart.so.99: cannot open shared object")
+    assert "transformers' generate instead" in detail and "python -m agentenv_nb.host" in fix
