@@ -27,6 +27,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from agentenv_nb.train.earlier_steps import trainer_states
 from agentenv_nb.train.launch import ASYNC_EVALS
 
 _EVAL_METRIC = re.compile(r"^eval_(reward|(scores|rewards)/.+/mean)$")
@@ -38,8 +39,7 @@ def find_trainer_state(path: str | Path) -> Path:
     path = Path(path)
     if path.is_file():
         return path
-    candidates = [p for p in [path / "trainer_state.json", *path.glob("checkpoint-*/trainer_state.json")]
-                  if p.is_file()]
+    candidates = trainer_states(path)
     if not candidates:
         raise FileNotFoundError(f"no trainer_state.json in {path} or its checkpoint-* directories")
     return max(candidates, key=lambda p: json.loads(p.read_text()).get("global_step", 0))
