@@ -94,6 +94,7 @@ def test_a_bundle_without_partial_credit_runs_the_four_notebooks_with_a_warning(
     warm = outputs(notebooks["02"])
     assert any(text.startswith("warning: the model's answers scored nothing") and "no partial credit" in text
                for text in warm), warm
+    assert any(text.startswith("trainable parameters:") and "a full fine-tune, not LoRA" in text for text in warm)
     assert (out / "run" / "sft" / "merged").is_dir() and (out / "run" / "trained" / "adapter").is_dir()
     assert (out / "run" / "eval_curve.png").is_file()
 
