@@ -108,8 +108,8 @@ def test_a_notebook_run_before_the_one_it_needs_says_which_in_one_line(tmp_path,
         assert not re.search(r"\x1b\[", failed.stderr), failed.stderr  # no colour codes
         [line] = failed.stderr.splitlines()
         assert line.startswith(f"python -m agentenv_nb.demo: {number}_") and needs in line, line
-        assert re.search(r"failed at cell \d+ of \d+, In \[\d+\] \((warm_start = )?need_(warm_start|grpo_logs)\(RUN_DIR",
-                         line), line
+        cell = r"failed at cell \d+ of \d+, In \[\d+\] \((warm_start = )?need_(warm_start|grpo_logs)\(RUN_DIR"
+        assert re.search(cell, line), line
         # the notebook shows that line alone, in place of a traceback, at its first cell after the parameters
         [saved] = out.glob(f"{number}_*.ipynb")
         notebook = nbformat.read(saved, as_version=4)

@@ -1,9 +1,9 @@
 """Preflight: the checks to pass before any GPU work starts, one row each, with the fix for each problem.
 
 GPU and free memory against the preset, the trainer against the preset and vLLM, installed versions against
-``requirements-gpu.txt``, unsloth imported before trl, the warm start notebook 02 saves, the env server reachable and serving the split, the tools'
-schemas, thinking against the completion budget, the server's session limit against what the trainer opens at once,
-and HF and Modal credentials::
+``requirements-gpu.txt``, unsloth imported before trl, the warm start notebook 02 saves, the env server reachable and
+serving the split, the tools' schemas, thinking against the completion budget, the server's session limit against what
+the trainer opens at once, and HF and Modal credentials::
 
     from agentenv_nb.notebook.preflight import preflight
     preflight("24gb", env=env, split="train", trainer_args=config, model="unsloth/Qwen3-4B", sandbox="modal",

@@ -77,7 +77,8 @@ def learning_problem(scored: dict[str, float]) -> str | None:
         return (f"the model called a tool in {scored['tool_call_rate']:.0%} of the eval tasks: give SFT more "
                 "demonstrations or more steps")
     if not scored["reward"] > 0:
-        return "the model's answers scored nothing on the eval tasks: give SFT more demonstrations (a small model: 200+)"
+        return ("the model's answers scored nothing on the eval tasks: give SFT more demonstrations (a small model: "
+                "200+)")
     return None
 
 
