@@ -91,6 +91,9 @@ def test_a_bundle_without_partial_credit_runs_the_four_notebooks_with_a_warning(
     assert list(notebooks) == ["01", "02", "03", "04"]
     for number, notebook in notebooks.items():
         assert not stderr_lines(notebook), f"{number} writes to stderr: {stderr_lines(notebook)[:10]}"
+        shown = [output.get("data", {}) for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs]
+        assert not [data for data in shown if "application/vnd.jupyter.widget-view+json" in data], number
+        assert number == "01" or any("image/png" in data for data in shown), f"{number} saved no figure"
     warm = outputs(notebooks["02"])
     assert any(text.startswith("warning: the model's answers scored nothing") and "no partial credit" in text
                for text in warm), warm
