@@ -109,7 +109,8 @@ def _setting(text: str) -> tuple[str, object]:
 def warm_start(args) -> str:
     """The model to train (``earlier_steps.warm_start``); else UsageError saying what to pass."""
     if problem := earlier_steps.warm_start_problem(args.run_dir, args.warm_start):
-        raise UsageError(problem.replace("WARM_START=", "--warm-start ").replace("set WARM_START", "pass --warm-start"))
+        raise UsageError(problem.replace("WARM_START=", "--warm-start ").replace("set WARM_START to",
+                                                                                 "pass --warm-start:"))
     return earlier_steps.warm_start(args.run_dir, args.warm_start)
 
 
