@@ -324,3 +324,23 @@ def test_preflight_has_a_row_for_the_warm_start_notebook_02_saves(tmp_path):
     (tmp_path / "sft" / "merged").mkdir(parents=True)
     assert row(preflight("cpu-tiny", run_dir=tmp_path, show=False)) == {
         "check": "warm start", "status": "ok", "detail": f"{tmp_path}/sft/merged", "fix": ""}
+
+
+def test_notebooks_03_and_04_find_what_the_ones_before_left_or_stop_saying_which_to_run(tmp_path, capsys):
+    from agentenv_nb.stops import Stop
+    from agentenv_nb.train.earlier_steps import need_grpo_logs, need_warm_start
+
+    with pytest.raises(Stop, match=f"^no warm start at {tmp_path}/sft/merged: run notebook 02 with RUN_DIR={tmp_path}"):
+        need_warm_start(tmp_path)
+    with pytest.raises(Stop, match="^WARM_START=nowhere: no such folder, and not a Hub id"):
+        need_warm_start(tmp_path, "nowhere")
+    assert need_warm_start(tmp_path, "you/model") == "you/model"
+    (tmp_path / "sft" / "merged").mkdir(parents=True)
+    assert need_warm_start(tmp_path) == f"{tmp_path}/sft/merged"
+    assert capsys.readouterr().out.splitlines()[-1] == f"GRPO trains from {tmp_path}/sft/merged, the warm start " \
+                                                       "notebook 02 saved"
+    with pytest.raises(Stop, match=f"^no GRPO run in {tmp_path}/grpo .*: run notebook 03 with RUN_DIR={tmp_path}"):
+        need_grpo_logs(tmp_path)
+    (tmp_path / "grpo" / "checkpoint-2").mkdir(parents=True)
+    (tmp_path / "grpo" / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    assert need_grpo_logs(tmp_path) == [tmp_path / "grpo" / "checkpoint-2" / "trainer_state.json"]

@@ -38,10 +38,13 @@ def warm_start_problem(run_dir: str | Path, given: str = "") -> str | None:
 
 
 def need_warm_start(run_dir: str | Path, given: str = "") -> str:
-    """The warm start to train (``warm_start``); Stop with ``warm_start_problem``'s line where there is none."""
+    """The warm start to train (``warm_start``), said in a line; Stop with ``warm_start_problem``'s line where there
+    is none."""
     if problem := warm_start_problem(run_dir, given):
         raise Stop(problem)
-    return warm_start(run_dir, given)
+    name = warm_start(run_dir, given)
+    print(f"GRPO trains from {name}" + ("" if given else ", the warm start notebook 02 saved"))
+    return name
 
 
 def trainer_states(grpo_dir: str | Path) -> list[Path]:
