@@ -263,3 +263,84 @@ def test_preflight_knows_a_local_servers_session_limit_and_warns_before_training
         assert env.max_concurrent_envs == 8
         table = preflight("cpu-tiny", env=env, trainer_args=config, show=False)
         assert table[table.check == "sessions"].status.tolist() == ["ok"]
+
+
+def test_a_warm_start_that_learnt_nothing_stops_a_gpu_run_in_one_line_and_warns_on_the_tiny_cpu_model(capsys):
+    from agentenv_nb.stops import Stop
+    from agentenv_nb.train.warm_start import check_learned
+
+    unscored = {"reward": 0.0, "tool_call_rate": 1.0}
+    with pytest.raises(Stop) as stopped:
+        check_learned(unscored, "24gb")
+    assert stopped.value._render_traceback_() == ["the model's answers scored nothing on the eval tasks: give SFT more "
+                                                  "demonstrations (a small model: 200+)"]  # what IPython shows
+    with pytest.raises(Stop, match="called a tool in 20% of the eval tasks: give SFT more demonstrations"):
+        check_learned({"reward": 0.5, "tool_call_rate": 0.2}, "16bit")
+    check_learned(unscored, "cpu-tiny")  # goes on, saying why
+    [line] = capsys.readouterr().out.splitlines()
+    assert line.startswith("warning: the model's answers scored nothing") and "no partial credit" in line, line
+    check_learned({"reward": 0.1, "tool_call_rate": 0.5}, "24gb")
+    assert capsys.readouterr().out == ""
+
+
+def test_a_relative_bundle_or_demonstrations_path_says_where_it_was_read_from(tmp_path, monkeypatch):
+    from agentenv_nb.stops import Stop
+    from agentenv_nb.tasks.bundles import get_bundle
+    from agentenv_nb.train.user_demos import read_demonstrations
+
+    monkeypatch.chdir(tmp_path)  # as a notebook runs in notebooks/, not where the user wrote the bundle
+    with pytest.raises(KeyError, match=f"no bundle 'bundles/desk': no such folder in {tmp_path}") as unknown:
+        get_bundle("bundles/desk")
+    assert isinstance(unknown.value, Stop)  # one line in a notebook
+    with pytest.raises(ValueError, match=f"no demonstrations file desk-demos.jsonl in {tmp_path}: give its absolute"):
+        read_demonstrations("desk-demos.jsonl", {})
+
+
+def test_tasks_with_several_scores_and_no_reward_are_one_line_naming_mean_min_max(tmp_path):
+    from .conftest import turn, verifier, write_bundle
+
+    steps = [{"id": "deploy", "type": "deploy_agent", "agent_name": "player"}, turn("ask", "Say hi.", "deploy"),
+             verifier("a", "ask", "ask", ("response_contains", "hi", 1)),
+             verifier("b", "ask", "ask", ("response_contains", "hello", 1))]
+    bundle = write_bundle(tmp_path / "two-scores", {"one": steps, "two": steps}, {"train": ["one", "two"]})
+    with pytest.raises(ValueError) as refused:
+        AgentEnv.local(bundle, split="train", processes=0)
+    [line] = str(refused.value).splitlines()
+    assert "records a score at each of a, b" in line and "(and 1 other tasks)" in line, line
+    assert line.endswith("reward= (a notebook's REWARD) 'mean', 'min', 'max' of the scores"), line
+
+
+def test_preflight_has_a_row_for_the_warm_start_notebook_02_saves(tmp_path):
+    from agentenv_nb.notebook.preflight import preflight
+
+    def row(table):
+        [found] = table[table.check == "warm start"].to_dict("records")
+        return found
+
+    missing = row(preflight("cpu-tiny", run_dir=tmp_path, show=False))
+    assert missing["status"] == "fail" and missing["detail"] == f"no warm start at {tmp_path}/sft/merged"
+    assert missing["fix"].startswith(f"run notebook 02 with RUN_DIR={tmp_path} first"), missing
+    assert row(preflight("cpu-tiny", run_dir=tmp_path, warm_start="you/model", show=False))["status"] == "ok"
+    (tmp_path / "sft" / "merged").mkdir(parents=True)
+    assert row(preflight("cpu-tiny", run_dir=tmp_path, show=False)) == {
+        "check": "warm start", "status": "ok", "detail": f"{tmp_path}/sft/merged", "fix": ""}
+
+
+def test_notebooks_03_and_04_find_what_the_ones_before_left_or_stop_saying_which_to_run(tmp_path, capsys):
+    from agentenv_nb.stops import Stop
+    from agentenv_nb.train.earlier_steps import need_grpo_logs, need_warm_start
+
+    with pytest.raises(Stop, match=f"^no warm start at {tmp_path}/sft/merged: run notebook 02 with RUN_DIR={tmp_path}"):
+        need_warm_start(tmp_path)
+    with pytest.raises(Stop, match="^WARM_START=nowhere: no such folder, and not a Hub id"):
+        need_warm_start(tmp_path, "nowhere")
+    assert need_warm_start(tmp_path, "you/model") == "you/model"
+    (tmp_path / "sft" / "merged").mkdir(parents=True)
+    assert need_warm_start(tmp_path) == f"{tmp_path}/sft/merged"
+    assert capsys.readouterr().out.splitlines()[-1] == f"GRPO trains from {tmp_path}/sft/merged, the warm start " \
+                                                       "notebook 02 saved"
+    with pytest.raises(Stop, match=f"^no GRPO run in {tmp_path}/grpo .*: run notebook 03 with RUN_DIR={tmp_path}"):
+        need_grpo_logs(tmp_path)
+    (tmp_path / "grpo" / "checkpoint-2").mkdir(parents=True)
+    (tmp_path / "grpo" / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    assert need_grpo_logs(tmp_path) == [tmp_path / "grpo" / "checkpoint-2" / "trainer_state.json"]

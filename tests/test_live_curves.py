@@ -264,16 +264,42 @@ def test_an_eval_before_any_step_shows_its_progress_not_an_empty_figure():
     assert live.figure.get_size_inches()[1] < 1  # a line, not a blank 480-pixel plot
     for _ in range(2):
         live.on_prediction_step(None, state, None, eval_dataloader=[0, 1, 2])
-    assert live.progress.startswith("step 0 of 4 · 0:00 · eval batch 2 of 3 · 0:0") and live.progress.endswith("left")
+    assert live.progress.startswith("running · step 0 of 4 · 0:00 · eval batch 2 of 3 · 0:0")
+    assert live.progress.endswith("left")
     live.on_evaluate(None, state, None)
     live.on_log(None, state, None, logs={"eval_reward": 0.3})
-    assert "eval" not in live.progress and live.figure.get_size_inches()[1] == 7
+    assert "eval" not in live.progress and live.figure.get_size_inches()[1] == 3.5  # one panel: one row
+
+
+def test_one_panel_fills_the_figure_and_two_take_a_row_each():
+    """SFT logged only its loss on the tiny CPU model: its one panel was drawn in the top half of a figure of two rows,
+    the lower half saved blank."""
+    live = NotebookLivePlot(widget=False, min_interval=0)
+    state = TrainerState(global_step=1, max_steps=4)
+    live.on_train_begin(None, state, None)
+    live.on_log(None, state, None, logs={"loss": 2.0})
+    [ax] = [ax for ax in live.figure.axes if ax.get_visible()]
+    assert live.figure.get_size_inches()[1] == 3.5 and ax.get_position().height > 0.5
+    live.on_log(None, state, None, logs={"loss": 1.5, "mean_token_accuracy": 0.4})
+    assert live.figure.get_size_inches()[1] == 7 and len([ax for ax in live.figure.axes if ax.get_visible()]) == 2
 
 
 def test_the_progress_line_counts_steps_and_time_left():
     live = NotebookLivePlot(widget=False)
     live.on_train_begin(None, TrainerState(global_step=10, max_steps=40), None)
     live.on_step_end(None, TrainerState(global_step=20, max_steps=40), None)
-    assert live.progress.startswith("step 20 of 40 · 0:0") and live.progress.endswith(" left")
+    assert live.progress.startswith("running · step 20 of 40 · 0:0") and live.progress.endswith(" left")
     live.on_train_end(None, TrainerState(global_step=40, max_steps=40), None)
+    assert live.progress.startswith("finished · step 40 of 40")
     assert "left" not in live.progress and live.figure.get_suptitle() == live.progress
+
+
+def test_a_flat_eval_curve_is_drawn_on_the_rewards_whole_range():
+    """The tiny model on a bundle without partial credit scores 0 at every eval: on matplotlib's own -0.04..0.04 axis
+    that line read as noise around 0."""
+    flat = pd.DataFrame({"step": [0, 2, 4], "eval_reward": [0.0, 0.0, 0.0]})
+    [ax] = plot_eval_curve(flat, baselines={"before training": 0.0}).axes
+    low, high = ax.get_ylim()
+    assert low <= -0.04 and high >= 1.0
+    [ax] = plot_eval_curve(pd.DataFrame({"step": [0, 2], "eval_reward": [0.2, 0.6]})).axes
+    assert ax.get_ylim()[1] < 1.0  # a curve that moves keeps its own range

@@ -13,7 +13,7 @@ from agentenv_nb import settings
 from agentenv_nb.envs import tls
 from agentenv_nb.envs.guard import Guard
 from agentenv_nb.envs.resolve import Resolved
-from agentenv_nb.envs.rewards import Reward, rule
+from agentenv_nb.envs.rewards import NAMES, Reward, rule
 
 
 def build(resolved: Resolved, *, reward: Reward = None, token: str | None = None):
@@ -32,9 +32,22 @@ def build(resolved: Resolved, *, reward: Reward = None, token: str | None = None
     # cancelled 0 tasks, and the proxy logs the poll's ClientDisconnect as an error with a traceback. Nothing failed.
     logging.getLogger("uvicorn.error").addFilter(_not_an_idle_shutdown)
     logging.getLogger("agentenv_protocol.a2a_agent.framework").addFilter(_not_a_client_disconnect)
-    app = build_app(resolved.folder, reward=rule(reward), sandbox=resolved.sandbox,
-                    max_concurrent_envs=resolved.max_concurrent_envs)
+    try:
+        app = build_app(resolved.folder, reward=rule(reward), sandbox=resolved.sandbox,
+                        max_concurrent_envs=resolved.max_concurrent_envs)
+    except ValueError as error:
+        raise ValueError(several_scores(str(error))) from None
     return Guard(app, token, settings.get("idle_timeout"))
+
+
+def several_scores(problem: str) -> str:
+    """agent_env's refusal of tasks that record several scores and no ``reward=``, a line a task, as one line that
+    names the combinations too (``rewards.NAMES``), not only a step id; any other problem as it is."""
+    first, *tasks = problem.splitlines()
+    if not (first.startswith("reward=") and tasks):
+        return problem
+    return (f"{tasks[0]}{f' (and {len(tasks) - 1} other tasks)' if len(tasks) > 1 else ''}; or combine them: "
+            f"reward= (a notebook's REWARD) {', '.join(map(repr, NAMES))} of the scores")
 
 
 def openenv_build_app():

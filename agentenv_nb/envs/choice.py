@@ -23,12 +23,13 @@ import httpx
 from agentenv_nb import settings
 from agentenv_nb.envs import process_sandbox
 from agentenv_nb.envs.modal_credentials import ModalCredentialsError, load_modal_credentials, missing_modal_message
+from agentenv_nb.stops import Stop
 
 DOCKER, MODAL, PROCESS = "local", "modal", process_sandbox.NAME  # agent_env's names: "local" is its Docker sandbox
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 
 
-class SandboxError(RuntimeError):
+class SandboxError(Stop, RuntimeError):
     """No sandbox can run the bundle's envs here, or the forced one can't; the message says what to do."""
 
 

@@ -27,6 +27,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from agentenv_nb.train.earlier_steps import trainer_states
 from agentenv_nb.train.launch import ASYNC_EVALS
 
 _EVAL_METRIC = re.compile(r"^eval_(reward|(scores|rewards)/.+/mean)$")
@@ -38,8 +39,7 @@ def find_trainer_state(path: str | Path) -> Path:
     path = Path(path)
     if path.is_file():
         return path
-    candidates = [p for p in [path / "trainer_state.json", *path.glob("checkpoint-*/trainer_state.json")]
-                  if p.is_file()]
+    candidates = trainer_states(path)
     if not candidates:
         raise FileNotFoundError(f"no trainer_state.json in {path} or its checkpoint-* directories")
     return max(candidates, key=lambda p: json.loads(p.read_text()).get("global_step", 0))
@@ -116,6 +116,10 @@ def plot_eval_curve(df: pd.DataFrame, baselines: dict[str, float] | None = None,
         ax.set_xlim(-0.05 * last, 1.05 * last)
         longest = max(max(by_step) for by_step in reference.values())
         cut = f"reference runs: {longest} steps, cut at this run's step {last}" if last < longest else None
+    # a flat curve (the tiny model's zeros) on matplotlib's own ±0.04 axis reads as noise: show the reward's 0 to 1
+    shown = [*df["eval_reward"].dropna(), *(baselines or {}).values()]
+    if shown and max(shown) - min(shown) < 0.05:
+        ax.set_ylim(min(-0.05, min(shown) - 0.05), max(1.05, max(shown) + 0.05))
     ax.set(xlabel="GRPO step", ylabel="eval reward", title=title)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), title=cut,

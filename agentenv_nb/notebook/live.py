@@ -94,7 +94,7 @@ class NotebookLivePlot(LivePlot):
         self._track(state)
 
     def on_train_end(self, args, state, control, **kwargs):
-        self._track(state)
+        self._track(state, finished=True)
         self.draw(final=True)
 
     def show(self, row):
@@ -107,11 +107,14 @@ class NotebookLivePlot(LivePlot):
         if time.monotonic() - self._last_draw >= self.min_interval:
             self.draw()
 
-    def _track(self, state) -> None:
-        """The progress line: step of max_steps, time so far and, from the steps this call trained, time left."""
+    def _track(self, state, finished: bool = False) -> None:
+        """The progress line: running or finished (a notebook's status bar may say "Idle" while a trainer runs: the
+        widget stack's, not the kit's), step of max_steps, time so far and, from the steps this call trained, time
+        left."""
         start, first = self._clock or (time.monotonic(), state.global_step)
         elapsed, done = time.monotonic() - start, state.global_step - first
-        line = f"step {state.global_step} of {state.max_steps} · {clock(elapsed)}"
+        line = (f"{'finished' if finished else 'running'} · step {state.global_step} of {state.max_steps} · "
+                f"{clock(elapsed)}")
         if 0 < done and state.global_step < state.max_steps:
             line += f" · about {clock(elapsed / done * (state.max_steps - state.global_step))} left"
         self.progress = self._steps = line
@@ -140,12 +143,14 @@ class NotebookLivePlot(LivePlot):
         from matplotlib.ticker import MaxNLocator
 
         self.figure.clear()
-        self.figure.set_size_inches(self.width, 7 if panels else 0.45)
+        rows = min(2, len(panels))  # one panel (SFT's loss alone) fills one row, not the top half of two
+        self.figure.set_size_inches(self.width, 3.5 * rows if panels else 0.45)
         self._panels_drawn, self._lines, self._band = panels, {}, None
         if not panels:
             return
-        axes = self.figure.subplots(2, math.ceil(len(panels) / 2), squeeze=False, gridspec_kw=dict(
-            left=0.06, right=0.98, bottom=0.17, top=0.9, hspace=0.8, wspace=0.28)).flat
+        margins = dict(bottom=0.17, top=0.9) if rows == 2 else dict(bottom=0.2, top=0.8)  # the same inches either way
+        axes = self.figure.subplots(rows, math.ceil(len(panels) / rows), squeeze=False, gridspec_kw=dict(
+            left=0.06, right=0.98, hspace=0.8, wspace=0.28, **margins)).flat
         for (title, ylabel, cols), ax in zip(panels, axes):
             for col in cols:
                 (self._lines[col],) = ax.plot([], [], marker="o" if col.startswith("eval_") else ".",

@@ -1,13 +1,14 @@
 """Preflight: the checks to pass before any GPU work starts, one row each, with the fix for each problem.
 
 GPU and free memory against the preset, the trainer against the preset and vLLM, installed versions against
-``requirements-gpu.txt``, unsloth imported before trl, the env server reachable and serving the split, the tools'
-schemas, thinking against the completion budget, the server's session limit against what the trainer opens at once,
-and HF and Modal credentials::
+``requirements-gpu.txt``, unsloth imported before trl, the warm start notebook 02 saves, the env server reachable and
+serving the split, the tools' schemas, thinking against the completion budget, the server's session limit against what
+the trainer opens at once, and HF and Modal credentials::
 
     from agentenv_nb.notebook.preflight import preflight
     preflight("24gb", env=env, split="train", trainer_args=config, model="unsloth/Qwen3-4B", sandbox="modal",
               trainer="async")
+    preflight("cpu-tiny", run_dir="runs/desk")   # with a row for the warm start in runs/desk/sft/merged
 
 In a notebook the table is displayed; elsewhere each problem is printed on one line. ``strict=True`` raises
 PreflightError when any check fails. A session limit below what the trainer opens at once, which would end rollouts
@@ -17,7 +18,6 @@ with CAPACITY_REACHED mid-training, is also warned about (``CapacityWarning``), 
 from __future__ import annotations
 
 import importlib.util
-import re
 import sys
 import warnings
 from pathlib import Path
@@ -33,6 +33,7 @@ from agentenv_nb.host import stacks
 from agentenv_nb.host.plan import plan_for, plan_here, preset_for, runs_on_driver
 from agentenv_nb.host.probe import Host, version_text
 from agentenv_nb.stack import vllm_load_problem
+from agentenv_nb.train import earlier_steps
 from agentenv_nb.train.export import hub_problem
 from agentenv_nb.train.launch import ASYNC_EVALS, async_problem, processes_launched
 from agentenv_nb.train.presets import Preset, gpu_need_gb, named, training_precision
@@ -281,15 +282,19 @@ def check_capacity(trainer_args, max_concurrent_envs: int | None, environments: 
     return [_row("sessions", "ok", f"max_concurrent_envs={max_concurrent_envs} holds the trainer's sessions")]
 
 
-def _is_hub_id(name: str | None) -> bool:
-    return bool(name) and not Path(name).exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", name) is not None
+def check_warm_start(run_dir: str | Path, warm_start: str = "") -> list[dict]:
+    """The model GRPO starts from: the one notebook 02 saved in RUN_DIR/sft/merged, or ``warm_start``'s."""
+    if problem := earlier_steps.warm_start_problem(run_dir, warm_start):
+        what, fix = problem.split(": ", 1)
+        return [_row("warm start", "fail", what, fix)]
+    return [_row("warm start", "ok", earlier_steps.warm_start(run_dir, warm_start))]
 
 
 def check_hf(needs_hf: bool | None, model: str | None) -> list[dict]:
     """An HF token (HF_TOKEN, a cached login or Colab's secret HF_TOKEN) where a model or bundle comes from the Hub."""
     from huggingface_hub import get_token
 
-    if not (needs_hf if needs_hf is not None else _is_hub_id(model)):
+    if not (needs_hf if needs_hf is not None else earlier_steps.looks_like_hub_id(model)):
         return []
     if get_token():
         return [_row("hf token", "ok", "a Hugging Face token is set")]
@@ -328,14 +333,15 @@ def check_push(repo: str | None) -> list[dict]:
 
 def preflight(preset: Preset | str = "auto", env=None, split: str = "train", tokenizer=None, trainer_args=None,
               needs_hf: bool | None = None, sandbox=None, model: str | None = None, report_to: str | None = None,
-              push_to_hub: str | None = None, trainer: str | None = None,
-              max_concurrent_envs: int | None = None, host: Host | None = None,
+              push_to_hub: str | None = None, trainer: str | None = None, run_dir: str | Path | None = None,
+              warm_start: str = "", max_concurrent_envs: int | None = None, host: Host | None = None,
               strict: bool = False, show: bool = True) -> pd.DataFrame:
     """Run every check that applies and return the table (check, status ok/warn/fail, detail, fix).
 
     ``env`` is an AgentEnv or a server URL; ``trainer_args`` a GRPOConfig; ``sandbox`` a name or a Choice;
     ``report_to`` a tracking integration (``train.tracking``); ``push_to_hub`` a Hub repo (``train.export``);
-    ``trainer`` notebook 03's TRAINER ("grpo" or "async");
+    ``trainer`` notebook 03's TRAINER ("grpo" or "async"); ``run_dir`` notebook 03's RUN_DIR, whose warm start
+    (notebook 02's, or ``warm_start``) is checked, and is the model unless ``model`` is given;
     ``max_concurrent_envs`` defaults to the env's own (``AgentEnv.max_concurrent_envs``: known for ``local``);
     ``host`` to this machine as ``host.probe`` reads it.
     ``show`` displays the table in a notebook, elsewhere prints a line per problem; ``strict`` raises PreflightError
@@ -344,6 +350,9 @@ def preflight(preset: Preset | str = "auto", env=None, split: str = "train", tok
     named(preset)  # an unknown name is refused before any check runs
     rows = check_host(preset, host) + check_gpu(preset) + check_vllm(preset) + check_versions(preset, host)
     rows, environments = rows + check_import_order(), 1
+    if run_dir is not None:
+        rows += check_warm_start(run_dir, warm_start)
+        model = model or earlier_steps.warm_start(run_dir, warm_start)
     rows += check_trainer(trainer, preset) if trainer is not None else []
     if env is not None:
         rows += check_server(env, split)

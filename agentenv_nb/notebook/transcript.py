@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from agentenv_nb.tables import text_table
 from agentenv_nb.train.rollout import Rollout, play
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ def _call(call: dict) -> str:
 def transcript(rollout: Rollout, limit: int = 1200) -> Styler:
     """A table a person reads, a row a message: who (system, user, assistant, or the tool that answered) and what,
     tool calls written as calls, text wrapped between words and cut at ``limit`` characters; its caption the task and
-    the verifier's score."""
+    the verifier's score, or, for a demonstration of a file (no task id), that it wasn't played."""
     import pandas as pd
 
     def text(message):
@@ -44,10 +45,10 @@ def transcript(rollout: Rollout, limit: int = 1200) -> Styler:
     who = [f"tool: {m['name']}" if m["role"] == "tool" and m.get("name") else m["role"] for m in rollout["messages"]]
     table = pd.DataFrame({"who": who, "message": [text(m) for m in rollout["messages"]]})
     score = rollout["reward"]
+    if not rollout["task_id"]:  # a demonstration from a file (DEMOS): no task was played, so nothing scored it
+        return text_table(table, caption="a demonstration, as given: not played here, so not scored")
     said = f"reward {score:.2f}" if score is not None else "not scored (the episode ended without a score)"
-    return (table.style.hide(axis="index").format(escape="html")
-            .set_caption(f"{task_name(rollout['task_id'])}: {said}")
-            .set_properties(**{"text-align": "left", "white-space": "pre-wrap", "vertical-align": "top"}))
+    return text_table(table, caption=f"{task_name(rollout['task_id'])}: {said}")
 
 
 def try_it(model, tokenizer, env, day: int = 0, prompt: str = "", split: str = "eval", **play_kwargs) -> Rollout:

@@ -12,12 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agentenv_nb.tables import text_table
 from agentenv_nb.tasks import adapters, bundles
 from agentenv_nb.train.rollout import STAGES, greedy_evals
 
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
+    from pandas.io.formats.style import Styler
 
 BEFORE = STAGES[0]
 
@@ -31,9 +33,10 @@ def splits(bundle: str | Path) -> pd.DataFrame:
     return pd.concat([counts, pd.Series({"all": len(tasks)})]).rename_axis("split").to_frame("tasks")
 
 
-def tools(env) -> pd.DataFrame:
-    """A row a tool of each toolset ``env`` (an ``AgentEnv``) plays: the tool, its arguments (a ``*`` marks a
-    required one) and its description's first line. ``end_turn`` is every toolset's: it ends the model's turn."""
+def tools(env) -> Styler:
+    """A row a tool of each toolset ``env`` (an ``AgentEnv``) plays: the toolset, the tool, its arguments (a ``*``
+    marks a required one) and its whole description, wrapped (``tables.text_table``; ``.data`` is the DataFrame).
+    ``end_turn`` is every toolset's: it ends the model's turn."""
     import pandas as pd
 
     from agentenv_nb.client.environment import server_tools
@@ -45,8 +48,8 @@ def tools(env) -> pd.DataFrame:
             required = set(schema.get("required", []))
             arguments = ", ".join(name + ("*" if name in required else "") for name in schema.get("properties", {}))
             rows.append({"toolset": toolset, "tool": tool["name"], "arguments": arguments,
-                         "description": (tool.get("description") or "").strip().split("\n")[0]})
-    return pd.DataFrame(rows).set_index(["toolset", "tool"])
+                         "description": (tool.get("description") or "").strip()})
+    return text_table(pd.DataFrame(rows))
 
 
 def as_image(figure: Figure):
@@ -94,8 +97,9 @@ def reference(bundle: str | Path) -> tuple[str, dict[str, dict[int, float]]] | N
 
 
 def adapter_view(adapter: adapters.TaskAdapter | None, bundle: str | Path):
-    """What a task adapter adds, shown: a picture of an eval task and the baselines' mean scores as a table; without
-    an adapter, or where it has neither, a line saying so (the baseline is then the eval reward before training)."""
+    """What a task adapter adds, shown: a picture of an eval task and the baselines' mean scores as a table (returned);
+    without an adapter, or where it has neither, a printed line saying so (the baseline is then the eval reward before
+    training)."""
     import pandas as pd
     from IPython.display import display
 
@@ -109,5 +113,7 @@ def adapter_view(adapter: adapters.TaskAdapter | None, bundle: str | Path):
         plt.close(picture.figure)  # shown once: not again by the inline backend at the cell's end
     if found:
         return pd.Series(found, name="mean score on the eval tasks").round(3).to_frame()
-    return (f"{adapter.name}'s task adapter has no baselines" if adapter else "No task adapter knows this bundle") + \
-        ": the baseline is the eval reward before training, which notebook 2 measures"
+    # printed, not returned: a cell's returned string shows as a quoted Python string
+    print((f"{adapter.name}'s task adapter has no baselines" if adapter else "No task adapter knows this bundle") +
+          ": the baseline is the eval reward before training, which notebook 2 measures")
+    return None

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentenv_nb import settings
+from agentenv_nb.stops import Stop
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -52,7 +53,7 @@ def known_bundles(listing: str | Path | None = None) -> dict[str, BundleSource]:
     return {row[0]: BundleSource(*row) for row in rows}
 
 
-class UnknownBundle(KeyError):
+class UnknownBundle(Stop, KeyError):
     """A name that is no bundle folder, no bundle of bundles.txt and no installed bundle; the message lists them."""
 
     def __str__(self) -> str:
@@ -75,8 +76,11 @@ def get_bundle(name: str | Path, root: str | Path = "bundles") -> Path:
             return find_bundle(str(name)).root
         except BundleError:
             pass
-    raise UnknownBundle(f"no bundle {str(name)!r}: no such folder, and bundles.txt knows {', '.join(known)}; pass "
-                        "one of those, a bundle folder's path, or an installed bundle's name (agent-env run lists them)")
+    # a notebook runs in notebooks/, not where a user wrote their bundle: say where a relative path was looked for
+    where = "" if Path(name).is_absolute() else f" in {Path.cwd()}"
+    raise UnknownBundle(f"no bundle {str(name)!r}: no such folder{where}, and bundles.txt knows {', '.join(known)}; "
+                        "pass one of those, a bundle folder's absolute path, or an installed bundle's name (agent-env "
+                        "run lists them)")
 
 
 def _download(repo_id: str, folder: str, root: Path) -> Path:

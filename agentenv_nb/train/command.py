@@ -21,10 +21,10 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
+from agentenv_nb.train import earlier_steps
 from agentenv_nb.train.export import hub_problem
 from agentenv_nb.train.launch import ASYNC_EVALS, launch_problem
 from agentenv_nb.train.presets import AUTO, PRESETS
@@ -108,14 +108,11 @@ def _setting(text: str) -> tuple[str, object]:
 
 
 def warm_start(args) -> str:
-    """The model to train: a folder, or something that reads as a Hub id; else UsageError saying what to pass."""
-    name = args.warm_start or f"{args.run_dir}/sft/merged"
-    if Path(name).is_dir() or (args.warm_start and re.fullmatch(r"[\w.-]+/[\w.-]+", name) and not name.startswith(".")):
-        return name
-    if not args.warm_start:
-        raise UsageError(f"no warm start at {name}: run notebook 02 with RUN_DIR={args.run_dir} first, or pass "
-                         "--warm-start (a model folder or a Hub id)")
-    raise UsageError(f"--warm-start {name}: no such folder, and not a Hub id (owner/name)")
+    """The model to train (``earlier_steps.warm_start``); else UsageError saying what to pass."""
+    if problem := earlier_steps.warm_start_problem(args.run_dir, args.warm_start):
+        raise UsageError(problem.replace("WARM_START=", "--warm-start ").replace("set WARM_START to",
+                                                                                 "pass --warm-start:"))
+    return earlier_steps.warm_start(args.run_dir, args.warm_start)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -109,13 +109,17 @@ def self_distill_round(model, tokenizer, env, preset: presets.Preset | str, outp
                        callbacks: list | None = None, **play_kwargs) -> tuple[list[Rollout], list[Rollout]]:
     """One round of agent-lightning's Unsloth SFT loop: play each train task ``samples`` times (at ``preset``'s GRPO
     temperature unless given), fine-tune ``model`` in place on the top ``fraction`` of those that scored above 0 (TRL's
-    SFTTrainer, ``preset``'s SFT settings, ``max_steps`` if given); returns the round's rollouts and those kept."""
+    SFTTrainer, ``preset``'s SFT settings, ``max_steps`` if given), or, where none did, say so and leave it; returns
+    the round's rollouts and those kept."""
     from trl import SFTTrainer
 
     from agentenv_nb.train.fit import fit
 
     rollouts, kept = best_rollouts(model, tokenizer, env, preset, fraction=fraction, samples=samples,
                                    temperature=temperature, **play_kwargs)
+    if not kept:  # a weak model on verifiers without partial credit: nothing of its own to learn from this round
+        print(f"none of the model's {len(rollouts)} rollouts scored above 0, so this round fine-tunes nothing")
+        return rollouts, kept
     fit(SFTTrainer(model=model, processing_class=tokenizer, train_dataset=sft_dataset(kept), callbacks=callbacks,
                    args=presets.sft_config(preset, output_dir=output_dir, max_steps=max_steps)))
     return rollouts, kept

@@ -68,7 +68,9 @@ def fit(trainer, resume_from_checkpoint: str | None = None, report_to: str | Non
         trainer.remove_callback(NotebookProgressCallback)  # its table repeats the plot, a row a log, 25 columns wide
     checkpoint = resume_from_checkpoint or args.resume_from_checkpoint
     trainable, total = trainable_parameters(trainer.model)
-    print(f"trainable parameters: {trainable:,} of {total:,} ({100 * trainable / total:.2f}%)")
+    # 100% reads like a LoRA gone wrong: said to be a full fine-tune (the tiny CPU preset's SFT: full_finetuning)
+    whole = ": every weight, a full fine-tune, not LoRA" if trainable == total else ""
+    print(f"trainable parameters: {trainable:,} of {total:,} ({100 * trainable / total:.2f}%){whole}")
     report = {"trainable_parameters": trainable, "minutes": 0.0, "peak_gpu_gib": 0.0}
     if checkpoint:
         saved = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))

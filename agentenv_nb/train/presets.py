@@ -235,7 +235,8 @@ def table(preset: Preset | str, config=None, model=None):
         for row in rows:
             value = held.get(row[1], "")
             row.append(value.value if isinstance(value, enum.Enum) else value)
-    return pd.DataFrame(rows, columns=columns).set_index("setting").rename_axis(preset.name)
+    # the preset's name in the header row's corner, above the settings: an index name would get a header row of its own
+    return pd.DataFrame(rows, columns=columns).set_index("setting").rename_axis(index=None, columns=preset.name)
 
 
 def differences(a: Preset | str, b: Preset | str) -> dict[str, tuple]:

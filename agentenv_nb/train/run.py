@@ -4,7 +4,7 @@ training command's options (``python -m agentenv_nb.train``) and the tiny run CI
     run = GRPORun()                                 # gridsim-v1, the card's preset and its max_steps, ...
     dataclasses.replace(run, preset="16bit")        # a run of your own
     run.parameters()                                # {"BUNDLE": "gridsim-v1", ...}: the notebook's names
-    run.table()                                     # each parameter, its value and what it sets
+    run.table()                                     # each parameter, its value and what it sets, whole
 """
 
 from __future__ import annotations
@@ -77,12 +77,14 @@ class GRPORun:
                 if value != getattr(default, name.lower())}
 
     def table(self):
-        """Each parameter, its value and what it sets: a pandas DataFrame indexed by the notebook's names."""
+        """Each parameter, its value and what it sets, whole (``tables.text_table``: ``.data`` is the DataFrame)."""
         import pandas as pd
 
-        rows = [(field.name.upper(), getattr(self, field.name), field.metadata["help"])
+        from agentenv_nb.tables import text_table
+
+        rows = [(field.name.upper(), repr(getattr(self, field.name)), field.metadata["help"])
                 for field in dataclasses.fields(self)]
-        return pd.DataFrame(rows, columns=["parameter", "value", "what it sets"]).set_index("parameter")
+        return text_table(pd.DataFrame(rows, columns=["parameter", "value", "what it sets"]))
 
     @classmethod
     def command_options(cls) -> list[str]:

@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from agentenv_nb.client.tools import RESERVED
+from agentenv_nb.stops import Stop
 from agentenv_nb.train.rollout import Rollout
 
 ROLES = ("system", "user", "assistant", "tool")
 
 
-class DemonstrationError(ValueError):
+class DemonstrationError(Stop, ValueError):
     """A demonstrations file that can't be learned from as it is; the message names the line and the fix."""
 
 
@@ -44,8 +45,10 @@ def read_demonstrations(path: str | Path, factories: dict[str, type]) -> list[Ro
     line that doesn't fit and why."""
     path = Path(path)
     if not path.is_file():
-        raise DemonstrationError(f"no demonstrations file {path}: write one conversation a line as JSON "
-                                 '({"messages": [...]}), or set DEMOS="" to warm-start another way')
+        where = "" if path.is_absolute() else f" in {Path.cwd()}"  # a notebook's working folder is notebooks/
+        raise DemonstrationError(f"no demonstrations file {path}{where}: give its absolute path, or write one "
+                                 'conversation a line as JSON ({"messages": [...]}), or set DEMOS="" to warm-start '
+                                 "another way")
     toolsets = toolset_schemas(factories)
     demos = []
     for number, line in enumerate(path.read_text().splitlines(), 1):

@@ -1,8 +1,10 @@
 """Where notebook 02's warm start learns from, picked for the bundle: its expert where a task adapter has one, else the
-demonstrations a user gives (a JSONL, ``train.user_demos``), else the model's own best rollouts (self-distillation).
+demonstrations a user gives (a JSONL, ``train.user_demos``), else the model's own best rollouts (self-distillation);
+and whether it learnt.
 
     start = choose(bundle, env, demos="my-demos.jsonl")   # says which, and why
     train_set = start.sft_dataset(model, tokenizer, env, "cpu-tiny")
+    check_learned(summary(played), "24gb")                # Stop in one line where it didn't; on the CPU a warning
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentenv_nb.stops import Stop
 from agentenv_nb.tasks.adapters import adapter_for
 from agentenv_nb.train import demos as demo_data
 from agentenv_nb.train import presets
@@ -17,6 +20,10 @@ from agentenv_nb.train.rollout import Rollout
 from agentenv_nb.train.user_demos import read_demonstrations
 
 EXPERT, DEMONSTRATIONS, SELF_DISTILLATION = "expert", "demonstrations", "self-distillation"
+TOOL_CALL_RATE = 0.5  # the share of eval tasks with a tool call below which the warm start didn't learn the tools
+TINY_CANT = ("expected of the tiny CPU model: a random model this small learns the form of a tool call from the "
+             "demonstrations, not the answers, so where the verifiers give no partial credit it scores 0 on the CPU. "
+             "The warm start is saved and the run goes on; on a GPU preset this stops the run")
 
 
 @dataclass
@@ -61,3 +68,25 @@ def choose(bundle: str | Path, env, demos: str | Path = "") -> WarmStart:
                                              "was given: the model learns from its own best rollouts")
     print(f"warm start from {start.source}: {start.why}")
     return start
+
+
+def learning_problem(scored: dict[str, float]) -> str | None:
+    """None where the warm start learnt (``rollout.summary`` of its greedy eval: a tool call in at least half the
+    tasks, a reward above 0); else what it missed and what to do, in one line."""
+    if scored["tool_call_rate"] < TOOL_CALL_RATE:
+        return (f"the model called a tool in {scored['tool_call_rate']:.0%} of the eval tasks: give SFT more "
+                "demonstrations or more steps")
+    if not scored["reward"] > 0:
+        return ("the model's answers scored nothing on the eval tasks: give SFT more demonstrations (a small model: "
+                "200+)")
+    return None
+
+
+def check_learned(scored: dict[str, float], preset: presets.Preset | str) -> None:
+    """Stop, in one line that says what to do, where the warm start didn't learn (``learning_problem``); on a CPU
+    preset print it as a warning with its reason, and go on: the tiny model learns the form, not the task."""
+    if (problem := learning_problem(scored)) is None:
+        return
+    if not presets.named(preset).on_cpu:
+        raise Stop(problem)
+    print(f"warning: {problem}. This is {TINY_CANT}.")
