@@ -71,11 +71,13 @@ def set_up(plan: Plan, dry_run: bool = False, python: str = sys.executable) -> i
           + (": " + "; ".join(" ".join(command[1:]) for command in run) if dry_run else ""), flush=True)
     if dry_run:
         return 0
-    for command in run:
-        if (code := subprocess.run(command).returncode) != 0:
-            print(f"agentenv_nb: `{' '.join(command[1:4])} ...` failed (exit {code}); pip's lines above say why. "
-                  "Run this step again once that is fixed: it installs only what is missing", flush=True)
-            return 1
+    while run:  # what the installs pull in again (unsloth requires xformers) is removed after them
+        for command in run:
+            if (code := subprocess.run(command).returncode) != 0:
+                print(f"agentenv_nb: `{' '.join(command[1:4])} ...` failed (exit {code}); pip's lines above say why. "
+                      "Run this step again once that is fixed: it installs only what is missing", flush=True)
+                return 1
+        run = [command for command in commands(plan, python) if command[3] == "uninstall"]
     replaced = [f"{name} {was} -> {installed(name)}" for name, was in before.items() if was and installed(name) != was]
     print("agentenv_nb: installed; " + (f"{', '.join(replaced)}: {RESTART}" if replaced else "ready"), flush=True)
     return 0

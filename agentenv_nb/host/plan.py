@@ -17,7 +17,7 @@ import dataclasses
 import functools
 
 from agentenv_nb.host.probe import Host, version_text
-from agentenv_nb.host.stacks import STACKS, Stack
+from agentenv_nb.host.stacks import KEEP, STACKS, Stack
 
 VLLM_FROM = (8, 0)  # vLLM's recent builds need Ampere or newer on this stack's path (Unsloth pins an old one on T4s)
 UNSLOTH_FROM = (7, 0)  # Unsloth's kernels: Volta and newer
@@ -39,7 +39,7 @@ class Plan:
     @property
     def keep_torch(self) -> str | None:
         """The runtime's torch this plan keeps, or None."""
-        return self.host.torch if self.stack is not None and self.stack.changes.get("torch") == "keep" else None
+        return self.host.torch if self.stack is not None and self.stack.changes.get("torch") == KEEP else None
 
     def line(self) -> str:
         """The decision in one line: what is installed and why, and how it trains."""
