@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -162,6 +163,36 @@ def test_an_idle_session_is_closed_and_frees_its_slot(tmp_path, monkeypatch):
         asyncio.run(run())
 
 
+
+def _raw(port: int, request: str) -> str:
+    """The status line a server answers a raw HTTP request with, as a browser's socket would send it."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        raw.sendall(request.encode())
+        return raw.recv(4096).decode("latin-1").split("\r\n")[0]
+
+
+@pytest.mark.slow  # the serve command in a fresh interpreter
+def test_a_dns_rebinding_page_cannot_reach_a_loopback_server_without_a_token(tmp_path):
+    """A page on evil.example, whose DNS answer became 127.0.0.1, sends its own name as Host and Origin: its
+    WebSocket upgrade and its read of the eval prompts are refused; the server's own names are served."""
+    server = _ServeCommand(_bundle(tmp_path / "gridsim"), tmp_path)
+    server.wait()
+
+    def upgrade(host: str) -> str:
+        return _raw(server.port, f"GET /ws HTTP/1.1\r\nHost: {host}\r\nOrigin: http://{host}\r\n"
+                                 "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+                                 "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+
+    def prompts(host: str) -> str:
+        return _raw(server.port, f"GET /gridsim/splits HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")
+
+    attacker = f"evil.example:{server.port}"
+    assert upgrade(attacker).startswith("HTTP/1.1 403") and prompts(attacker).startswith("HTTP/1.1 403")
+    for own in (f"127.0.0.1:{server.port}", f"localhost:{server.port}"):
+        assert upgrade(own).startswith("HTTP/1.1 101") and prompts(own).startswith("HTTP/1.1 200"), own
+    code, log = server.stop(signal.SIGINT)
+    assert code == 0 and "Traceback" not in log, log
+
 # Findings 2 and 3: another local user, another episode
 
 def test_a_work_dir_another_user_owns_or_may_write_is_refused(tmp_path, monkeypatch):
@@ -221,6 +252,7 @@ def test_the_guard_on_env_ports_still_hooks_uvicorn():
     config = uvicorn.config.Config(app)
     config.load()
     assert config.loaded_app is not None and hasattr(uvicorn.config.Config, "load")
+
 
 
 # Findings 5 and 6: settings, faults

@@ -4,8 +4,12 @@
 
 - With a token, every HTTP request and WebSocket handshake must carry ``Authorization: Bearer <token>``; an HTTP
   request without it gets 401, a WebSocket is refused before it opens (HTTP 403).
-- A WebSocket handshake whose ``Origin`` isn't the server's own (a web page in a browser on the host) is refused:
-  clients that aren't browsers send none.
+- Without a token, a request whose ``Host`` isn't a name of the address it reached is refused (403): on a loopback
+  address only ``localhost`` or a loopback IP, elsewhere that address's IP. A web page whose name an attacker's DNS
+  points at 127.0.0.1 (DNS rebinding) sends its own name as Host and Origin, and can't send a token: with one, the
+  token is the boundary, and any name a proxy or a client uses for the host is served.
+- A request or WebSocket handshake whose ``Origin`` isn't the server's own (a web page in a browser on the host) is
+  refused: clients that aren't browsers send none.
 - Episodes are played over ``/ws`` only, one a connection, so each counts against ``max_concurrent_envs``: OpenEnv's
   HTTP ``/reset``, ``/step``, ``/mcp`` and other WebSocket routes, which make envs past that limit, answer 404.
 - An error a ``/ws`` client gets after an env process of its episode died says which env and how (``deaths``); a
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 import re
 from urllib.parse import urlsplit
@@ -46,6 +51,8 @@ class Guard:
         if kind not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
+        if problem := self._foreign(scope, headers):
+            return await _refuse(kind, send, 403, problem)
         if self._expected is not None and not hmac.compare_digest(headers.get(b"authorization", b""),
                                                                   self._expected):
             return await _refuse(kind, send, 401, "this server needs its access token: AgentEnv(url, token=...) "
@@ -58,9 +65,6 @@ class Guard:
             return await self.app(scope, receive, send)
         if path != "/ws" or b"session_id" in scope.get("query_string", b""):
             return await _refuse(kind, send, 404, "episodes are played over /ws, one a connection")
-        origin = headers.get(b"origin")
-        if origin is not None and urlsplit(origin.decode("latin-1")).netloc != headers.get(b"host", b"").decode():
-            return await _refuse(kind, send, 403, "a WebSocket from another origin (a web page) isn't served")
         resets = _Resets(asyncio.current_task())  # and the watch on deaths under this connection's episodes
 
         async def telling_deaths(message):
@@ -77,6 +81,19 @@ class Guard:
         except asyncio.CancelledError:
             if not resets.ended or resets.task.uncancel():  # a cancel of its own, the server's stopping, goes on
                 raise
+
+    def _foreign(self, scope, headers: dict) -> str | None:
+        """Why a request's Host or Origin isn't this server's (see the module docstring), or None."""
+        host = headers.get(b"host", b"").decode("latin-1")
+        origin = headers.get(b"origin")
+        if origin is not None and urlsplit(origin.decode("latin-1")).netloc != host:
+            return "a request from another origin (a web page) isn't served"
+        reached = (scope.get("server") or (None,))[0]
+        name = urlsplit(f"//{host}").hostname or ""
+        if reached is None or self._expected is not None or _names(name, reached):
+            return None
+        return (f"Host {host[:80]!r} isn't a name of this server's address {reached}: connect to "
+                f"{'localhost or ' if _is_loopback(reached) else ''}{reached}")
 
     def _idle_closing(self, receive, send, resets: _Resets):
         """``receive`` that closes the connection, and tells the app it closed, when the client is silent for
@@ -118,6 +135,25 @@ class _Resets:
         data = {"code": "EXECUTION_ERROR", "message": f"the reset failed: {self.ended}"}
         return {"type": "websocket.send",
                 "text": _ENV_URL.sub("the env's server", json.dumps({"type": "error", "data": data}))}
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return False
+
+
+def _is_loopback(address: str) -> bool:
+    return _is_ip(address) and ipaddress.ip_address(address).is_loopback
+
+
+def _names(name: str, address: str) -> bool:
+    """Whether the Host name ``name`` can only mean ``address``, the server's end of the connection."""
+    if _is_loopback(address):
+        return name == "localhost" or name.endswith(".localhost") or _is_loopback(name)
+    return _is_ip(name) and ipaddress.ip_address(name) == ipaddress.ip_address(address)
 
 
 def _reset_data(message) -> dict | None:
