@@ -30,6 +30,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from agentenv_nb import settings
 from agentenv_nb.client import AgentEnv
 from agentenv_nb.client.session import Session, SessionError
+from agentenv_nb.envs.choice import SandboxError
 from agentenv_nb.envs.dockerfile import ImageError
 from agentenv_nb.envs.serving import serve_in_thread
 from agentenv_nb.envs.workdir import WorkDirError
@@ -254,6 +255,32 @@ def test_the_guard_on_env_ports_still_hooks_uvicorn():
     assert config.loaded_app is not None and hasattr(uvicorn.config.Config, "load")
 
 
+
+def test_a_dockerfile_or_requirements_file_reads_nothing_outside_its_build_context(tmp_path):
+    """A credentials file 0644 in a 0700 folder, as `modal token new` leaves ~/.modal.toml: the sandbox copies and
+    reads as the server's user, root too, so a COPY or a nested ``-r`` naming it, by ``..``, by a link or by its
+    absolute path, is refused, and no refusal quotes it."""
+    secret = tmp_path / "home" / ".modal.toml"
+    secret.parent.mkdir(mode=0o700)
+    secret.write_text("token_secret = 'as-not-for-envs'\n")
+    secret.chmod(0o644)
+    for case, (line, requirements) in enumerate([
+            ("COPY ../../../home/.modal.toml ./x", None),
+            ("COPY link ./x", None),
+            ("RUN pip install -r requirements.txt", f"-r {secret}\n"),
+            ("RUN pip install -r requirements.txt", "-r ../../../../../../../../../../../../" + str(secret) + "\n")]):
+        bundle = _bundle(tmp_path / f"case{case}")
+        env = bundle / "envs" / "gridsim"
+        if "link" in line:
+            (env / "link").symlink_to(secret)
+        if requirements:
+            (env / "requirements.txt").write_text(requirements)
+        dockerfile = (env / "Dockerfile").read_text().replace("COPY battery.py", f"{line}\nCOPY battery.py")
+        (env / "Dockerfile").write_text(dockerfile)
+        with pytest.raises(SandboxError, match="is outside (the build context|the image's WORKDIR)") as refused:
+            AgentEnv.local(bundle, max_concurrent_envs=1)
+        assert "as-not-for-envs" not in str(refused.value), line
+    assert not (tmp_path / "work").exists()  # refused before any env process started
 
 # Findings 5 and 6: settings, faults
 
