@@ -13,11 +13,13 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -241,6 +243,37 @@ def test_a_local_process_cannot_call_another_episodes_env_and_envs_hold_no_secre
         for play in (victim, other):  # the episodes themselves go on (a reward ends every open episode of the thread)
             play.submit_schedule(schedule=gridsim.battery.optimal_schedule(json.loads(play.get_prices())))
         assert [victim.get_reward(), other.get_reward()] == [1.0, 1.0]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace of its own needs root, as on Colab")
+def test_each_env_process_has_a_tmp_of_its_own_wherever_the_kit_lives(tmp_path):
+    """The work dir is under /tmp here (pytest's tmp_path), as a kit or its virtual environment under /tmp would be:
+    each episode's env still gets a /tmp of its own, and still reads its app from the work dir."""
+    host_file = Path(tempfile.mkdtemp(prefix="agentenv-nb-test-", dir="/tmp")) / "host.txt"
+    host_file.write_text("the host's")
+    try:
+        with AgentEnv.local(_bundle(tmp_path / "gridsim"), max_concurrent_envs=2) as env:
+            plays = [env.factory(), env.factory()]
+            prices = []
+            for index, play in enumerate(plays):
+                play.reset(**env.dataset[index])
+                prices.append(json.loads(play.get_prices()))
+            serving = [p for p in psutil.Process().children(recursive=True)
+                       if any(c.status == psutil.CONN_LISTEN for c in p.net_connections("tcp"))]
+            assert len(serving) >= 2
+            for process in serving:  # /proc/PID/root: the filesystem as that process sees it
+                own_tmp = Path(f"/proc/{process.pid}/root/tmp")
+                assert not (own_tmp / host_file.relative_to("/tmp")).exists()
+                (own_tmp / f"written-by-{process.pid}").write_text("mine")
+            for process in serving:
+                assert [p.name for p in Path(f"/proc/{process.pid}/root/tmp").glob("written-by-*")] == [
+                    f"written-by-{process.pid}"]
+            assert not list(Path("/tmp").glob("written-by-*"))
+            for play, day in zip(plays, prices, strict=True):  # a reward ends every open episode of the thread
+                play.submit_schedule(schedule=gridsim.battery.optimal_schedule(day))
+            assert [play.get_reward() for play in plays] == [1.0, 1.0]
+    finally:
+        shutil.rmtree(host_file.parent, ignore_errors=True)
 
 
 def test_the_guard_on_env_ports_still_hooks_uvicorn():

@@ -54,12 +54,12 @@ class EnvStartError(RuntimeError):
 
 
 def private_folders() -> list[str]:
-    """The folders a process gets of its own: none without root; /data (made if missing), and /tmp unless something
-    it reads lives there (its app's work dir, this Python, its packages: a CI clone or a site folder under /tmp)."""
+    """The folders a process gets of its own: none without root; else /data (made if missing) and /tmp, into which
+    what it reads there (the work dir, this Python, its packages) is bound back (``zygote``)."""
     if os.geteuid() != 0:
         return []
     Path("/data").mkdir(exist_ok=True)
-    return ["data"] if any(path.startswith("/tmp/") for path in read_paths()) else ["data", "tmp"]
+    return ["data", "tmp"]
 
 
 def read_paths() -> list[str]:
