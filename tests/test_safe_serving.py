@@ -218,6 +218,29 @@ def test_a_work_dir_another_user_owns_or_may_write_is_refused(tmp_path, monkeypa
         assert mode in (0o700, 0o710) and fresh.stat().st_uid == os.geteuid()  # 0710: env users enter, never list
 
 
+def test_a_work_dir_under_a_folder_another_user_owns_or_may_write_is_refused(tmp_path, monkeypatch):
+    """Whoever may write a folder above the work dir can move the work dir away and put another in its place."""
+    bundle = _bundle(tmp_path / "gridsim")
+    shared = tmp_path / "shared"
+    (shared / "deeper" / "work").mkdir(parents=True, mode=0o700)
+    shared.chmod(0o775)  # group-writable, not sticky, two levels up
+    monkeypatch.setenv("AGENTENV_NB_WORK_DIR", str(shared / "deeper" / "work"))
+    with pytest.raises(WorkDirError, match=f"{shared}, above the work dir, may be written by others"):
+        AgentEnv.local(bundle)
+    shared.chmod(0o755)
+    if os.geteuid() == 0:
+        os.chown(shared, 65534, 65534)  # another user's folder, as a home whose owner lent a subfolder
+        with pytest.raises(WorkDirError, match=f"{shared}, above the work dir, belongs to user id 65534"):
+            AgentEnv.local(bundle)
+        os.chown(shared, 0, 0)
+    linked = tmp_path / "linked"
+    linked.symlink_to(shared)  # the same folders reached through a link: followed, and checked
+    shared.chmod(0o777)
+    monkeypatch.setenv("AGENTENV_NB_WORK_DIR", str(linked / "deeper" / "work"))
+    with pytest.raises(WorkDirError, match="above the work dir, may be written by others"):
+        AgentEnv.local(bundle)
+
+
 def test_a_local_process_cannot_call_another_episodes_env_and_envs_hold_no_secrets(tmp_path):
     with AgentEnv.local(_bundle(tmp_path / "gridsim"), max_concurrent_envs=2) as env:
         victim, other = env.factory(), env.factory()
