@@ -68,13 +68,17 @@ def _work_dir_problem(path: str) -> str | None:
     return None
 
 
+# Every number has both bounds: a huge finite one (1e10 seconds) passes a "finite" check and then overflows a
+# clock or a timestamp deep in asyncio or threading, far from the variable that set it.
+_HOUR, _DAY = 3600, 86400
+
 SETTINGS = {setting.name: setting for setting in (
-    Setting("reset_timeout", 300.0, float, "seconds a reset (an episode's deploy) may take", low=0.001),
-    Setting("call_timeout", 120.0, float, "seconds a tool call or a turn's end may take", low=0.001),
-    Setting("patience", 4.0, float, "seconds to connect, and to wait for a slot another session took", low=0.001),
+    Setting("reset_timeout", 300.0, float, "seconds a reset (an episode's deploy) may take", 0.001, _DAY),
+    Setting("call_timeout", 120.0, float, "seconds a tool call or a turn's end may take", 0.001, _DAY),
+    Setting("patience", 4.0, float, "seconds to connect, and to wait for a slot another session took", 0.001, _HOUR),
     Setting("env_pool", 8, int, "env processes kept started ahead of need, per env (0: start each when asked)", 0, 64),
     Setting("pip_install", False, bool, "install an env's missing requirements instead of refusing it"),
-    Setting("env_start_timeout", 60.0, float, "seconds an env process has to serve its card", low=0.001),
+    Setting("env_start_timeout", 60.0, float, "seconds an env process has to serve its card", 0.001, _HOUR),
     Setting("work_dir", "/var/tmp/agentenv-nb", str, "where env images are unpacked and env processes get folders: "
             "an absolute path, private to this user", problem=_work_dir_problem),
     Setting("host", "127.0.0.1", str, "the address `python -m agentenv_nb.serve` listens on (beyond loopback, a "
@@ -85,7 +89,7 @@ SETTINGS = {setting.name: setting for setting in (
     Setting("token", None, str, "the access token a server requires and a client sends (the serve command makes "
             "one when it listens beyond loopback)"),
     Setting("idle_timeout", 600.0, float, "seconds a session may send nothing before the server closes it",
-            low=1, high=86400),
+            low=1, high=_DAY),
     Setting("env_user", "nobody", str, "as root, the user whose group env processes share; each runs as a user id "
             "of its own"),
     Setting("store", None, str, "where a server process keeps agent_env's store of episodes (unset: a folder of its "
@@ -95,7 +99,7 @@ SETTINGS = {setting.name: setting for setting in (
     Setting("library_log", "agentenv_nb.log", str, "the file where the libraries' own stderr and prints go while "
             "the kit loads, trains and saves (Unsloth's banner, vLLM's progress bars), instead of a notebook's cells"),
     Setting("gpu_memory_gb", None, float, "GB of GPU memory a training run may use, vLLM included (unset: the whole "
-            "card, or what torch.cuda.set_per_process_memory_fraction allows)", low=1),
+            "card, or what torch.cuda.set_per_process_memory_fraction allows)", low=1, high=100_000),
     Setting("vllm_weights", None, str, "the weights vLLM generates from and LoRA trains on where a preset lets the "
             "card choose (unset: the card's choice)", choices=("16bit", "fp8", "4bit")),
 )}
@@ -144,7 +148,7 @@ def _checked(setting: Setting, value: Any, shown: str) -> Any:
             raise SettingError(f"{shown} isn't a finite number ({setting.what})")
         low, high = setting.low, setting.high
         if (low is not None and value < low) or (high is not None and value > high):
-            bounds = f"from {low:g} to {high:g}" if high is not None else f"at least {low:g}"
+            bounds = f"from {low:g} to {high:g}"
             raise SettingError(f"{shown} is out of range: {setting.name} takes a value {bounds} ({setting.what})")
     if setting.choices is not None and value not in setting.choices:
         raise SettingError(f"{shown} isn't one of {', '.join(setting.choices)} ({setting.what})")

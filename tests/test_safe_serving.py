@@ -361,6 +361,29 @@ def test_agentenv_local_honours_the_session_setting_and_refuses_bad_ones_before_
     assert not untouched.exists()  # refused before any env process or server started
 
 
+def test_every_numeric_setting_past_its_working_range_is_refused_naming_it(tmp_path, monkeypatch):
+    """1e10 seconds is finite, and overflowed a clock deep in asyncio or a thread's join, far from the variable."""
+    bundle = _bundle(tmp_path / "gridsim")
+    numeric = [s for s in settings.SETTINGS.values() if s.kind in (int, float)]
+    assert {"reset_timeout", "call_timeout", "patience", "env_start_timeout", "idle_timeout"} <= {s.name for s in numeric}
+    for setting in numeric:
+        monkeypatch.setenv(setting.variable, "1e10" if setting.kind is float else str(10**10))
+        with pytest.raises(settings.SettingError, match=f"^{setting.variable}=.* is out of range: .* from .* to "):
+            AgentEnv.local(bundle)
+        monkeypatch.delenv(setting.variable)
+    assert not (tmp_path / "work").exists()  # refused before any env process or server started
+
+
+@pytest.mark.slow  # the serve command in a fresh interpreter
+def test_the_serve_command_refuses_a_huge_timeout_in_one_line(tmp_path):
+    for name in ("ENV_START_TIMEOUT", "CALL_TIMEOUT", "RESET_TIMEOUT", "PATIENCE"):
+        failed = subprocess.run([*SERVE, str(_bundle(tmp_path / name))], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, f"AGENTENV_NB_{name}": "1e10"})
+        assert failed.returncode == 2 and f"AGENTENV_NB_{name}='1e10' is out of range" in failed.stderr, failed.stderr
+        assert failed.stderr.strip().count("\n") == 0
+    assert not (tmp_path / "work").exists()
+
+
 def _broken(root: Path) -> Path:
     """A GridSim bundle whose env raises as it is imported."""
     bundle = _bundle(root)
