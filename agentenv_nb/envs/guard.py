@@ -38,6 +38,19 @@ _READ_ONLY = re.compile(r"/(health|metadata|schema|list_environments|docs|docs/o
                         r"|[^/]+/(splits|tasks|num_tasks|task|task_range))")
 
 
+_LOST = re.compile(r"\b(?:Read|Write|Connect|RemoteProtocol)Error\b")  # httpx's, as a call to an env's server fails
+_SAYS_NOTHING = re.compile(r'\b([A-Z]\w*Error): "')  # an exception's name and an empty message ("ReadError: "), in JSON
+_DEATH_WAIT_S = 1.0  # two of the process sandbox's checks that an env process lives
+
+
+async def _reported(watching: deaths.Watch) -> None:
+    """Wait, up to ``_DEATH_WAIT_S``, for a death to be reported to ``watching``."""
+    for _ in range(int(_DEATH_WAIT_S / 0.05)):
+        if watching.reports:
+            return
+        await asyncio.sleep(0.05)
+
+
 class Guard:
     """Refuse requests without the token, foreign origins and the routes that make envs outside ``/ws``; close idle
     sessions (see the module docstring)."""
@@ -71,6 +84,9 @@ class Guard:
             if message["type"] == "websocket.send" and message.get("text"):
                 resets.under_way = False  # this is the reset's reply, if one was under way
                 text = _ENV_URL.sub("the env's server", message["text"])  # its URL holds the episode's secret
+                if '"error"' in text and _LOST.search(text):  # its env may have died this instant: say which
+                    await _reported(resets.watching)
+                    text = _SAYS_NOTHING.sub(r'\1, with no message (the env\'s server went away)"', text)
                 message = {**message, "text": deaths.amended(text, resets.watching.reports)}
             elif message["type"] == "websocket.close" and resets.ended and resets.under_way:
                 await send(resets.error_frame())
