@@ -92,8 +92,8 @@ SETTINGS = {setting.name: setting for setting in (
             low=1, high=_DAY),
     Setting("env_user", "nobody", str, "as root, the user whose group env processes share; each runs as a user id "
             "of its own"),
-    Setting("store", None, str, "where a server process keeps agent_env's store of episodes (unset: a folder of its "
-            "own, removed when it stops)", problem=_work_dir_problem),
+    Setting("store", None, str, "where a serving process (the serve command, AgentEnv.local) keeps agent_env's store "
+            "of episodes (unset: a folder of its own in the work dir, removed when it exits)", problem=_work_dir_problem),
     Setting("bundles", str(Path(__file__).resolve().parents[1] / "bundles.txt"), str,
             "the list of bundles `get_bundle` knows"),
     Setting("library_log", "agentenv_nb.log", str, "the file where the libraries' own stderr and prints go while "

@@ -338,6 +338,40 @@ def test_a_dockerfile_or_requirements_file_reads_nothing_outside_its_build_conte
         assert "as-not-for-envs" not in str(refused.value), line
     assert not (tmp_path / "work").exists()  # refused before any env process started
 
+
+_ONE_RUN = """import json, os, sqlite3, sys
+from pathlib import Path
+from agentenv_nb.client import AgentEnv
+from agentenv_nb.tasks import gridsim
+
+with AgentEnv.local(sys.argv[1], max_concurrent_envs=1) as env:
+    for row in env.dataset.to_list():
+        with env.factory() as play:
+            play.reset(**row)
+            play.submit_schedule(schedule=gridsim.battery.optimal_schedule(json.loads(play.get_prices())))
+            assert play.get_reward() == 1.0
+    store = Path(os.environ["XDG_STATE_HOME"])
+    indexed = {db.name: [sql for (sql,) in sqlite3.connect(db).execute(
+        "SELECT sql FROM sqlite_master WHERE type='index' AND tbl_name='docs_agent_env_a2a_conversations'")]
+        for db in store.glob("agent-env/document_store/*.db")}
+print(json.dumps({"store": str(store), "indexed": indexed}))
+"""
+
+
+def test_agentenv_local_keeps_its_store_with_the_run_indexed_and_removes_it(tmp_path):
+    """agent_env's default store, ~/.local/state/agent-env, outlived every run and grew with it; where a bundle's
+    episodes keep their conversations (its @local file), a lookup parsed every conversation without an index."""
+    home = tmp_path / "home"
+    environ = {k: v for k, v in os.environ.items() if k != "XDG_STATE_HOME"} | {"HOME": str(home)}
+    done = subprocess.run([sys.executable, "-c", _ONE_RUN, str(_bundle(tmp_path / "gridsim"))], capture_output=True,
+                          text=True, timeout=300, env=environ)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert Path(said["store"]).parent == tmp_path / "work"  # a folder of the run's own
+    assert any("conversation_id" in sql for sql in said["indexed"]["local.db"]), said
+    assert not (home / ".local").exists() and not Path(said["store"]).exists()
+
+
 # Findings 5 and 6: settings, faults
 
 def test_agentenv_local_honours_the_session_setting_and_refuses_bad_ones_before_serving(tmp_path, monkeypatch):
