@@ -38,6 +38,7 @@ class Setting:
     high: float | None = None
     problem: Callable[[Any], str | None] | None = None  # why a value that parsed can't be used, or None
     choices: tuple | None = None  # the values it takes, where they are few
+    secret: bool = False  # its value never appears in an error
 
     @property
     def variable(self) -> str:
@@ -54,6 +55,16 @@ def _host_problem(host: str) -> str | None:
         socket.getaddrinfo(host, None)
     except (socket.gaierror, UnicodeError):
         return "isn't an IP address or a name this machine resolves"
+    return None
+
+
+MIN_TOKEN = 16  # characters: a shorter token beyond loopback is a guess away
+
+
+def _token_problem(token: str) -> str | None:
+    if len(token) < MIN_TOKEN:
+        return (f"is shorter than {MIN_TOKEN} characters: anyone who reaches the server could guess it; use more, "
+                "e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))', or unset it to have one made")
     return None
 
 
@@ -87,7 +98,7 @@ SETTINGS = {setting.name: setting for setting in (
     Setting("sandbox", None, str, "where envs run: process, modal, local (Docker); unset: chosen for the bundle"),
     Setting("max_concurrent_envs", 8, int, "sessions a server plays at once: one per rollout in flight", 1, 4096),
     Setting("token", None, str, "the access token a server requires and a client sends (the serve command makes "
-            "one when it listens beyond loopback)"),
+            "one when it listens beyond loopback)", problem=_token_problem, secret=True),
     Setting("idle_timeout", 600.0, float, "seconds a session may send nothing before the server closes it",
             low=1, high=_DAY),
     Setting("env_user", "nobody", str, "as root, the user whose group env processes share; each runs as a user id "
@@ -115,7 +126,7 @@ def get(name: str, given: Any = None) -> Any:
     """The setting ``name``: ``given`` when not None, else its environment variable, else its default."""
     setting = SETTINGS[name]
     if given is not None:
-        return _checked(setting, given, f"{name}={given!r}")
+        return _checked(setting, given, name if setting.secret else f"{name}={given!r}")
     text = os.environ.get(setting.variable, "").strip()
     if not text:
         return setting.default
@@ -126,7 +137,7 @@ def parse(name: str, text: str, shown: str | None = None) -> Any:
     """The setting ``name`` from ``text``, checked: a command-line flag's value reads as the variable's does.
     ``shown`` names where the text came from in a SettingError (default: the variable)."""
     setting, shown = SETTINGS[name], shown or SETTINGS[name].variable
-    return _checked(setting, _parse(setting, text.strip(), shown), f"{shown}={text!r}")
+    return _checked(setting, _parse(setting, text.strip(), shown), shown if setting.secret else f"{shown}={text!r}")
 
 
 def _parse(setting: Setting, text: str, shown: str) -> Any:

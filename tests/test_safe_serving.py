@@ -418,6 +418,14 @@ def test_the_serve_command_refuses_a_huge_timeout_in_one_line(tmp_path):
     assert not (tmp_path / "work").exists()
 
 
+@pytest.mark.slow  # the serve command in a fresh interpreter
+def test_a_guessable_token_is_refused_without_showing_it(tmp_path):
+    failed = subprocess.run([*SERVE, str(_bundle(tmp_path / "gridsim")), "--host", "0.0.0.0"], capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "AGENTENV_NB_TOKEN": "k3y"})
+    assert failed.returncode == 2 and "AGENTENV_NB_TOKEN is shorter than 16 characters" in failed.stderr
+    assert "k3y" not in failed.stderr and failed.stderr.strip().count("\n") == 0, failed.stderr
+
+
 def _broken(root: Path) -> Path:
     """A GridSim bundle whose env raises as it is imported."""
     bundle = _bundle(root)
