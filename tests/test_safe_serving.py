@@ -10,6 +10,7 @@ command and servers of AgentEnv.local on loopback, real env processes, real epis
 """
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -31,6 +32,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from agentenv_nb import settings
 from agentenv_nb.client import AgentEnv
+from agentenv_nb.client.environment import player_of
 from agentenv_nb.client.session import Session, SessionError
 from agentenv_nb.envs.choice import SandboxError
 from agentenv_nb.envs.dockerfile import ImageError
@@ -195,6 +197,35 @@ def test_a_dns_rebinding_page_cannot_reach_a_loopback_server_without_a_token(tmp
         assert upgrade(own).startswith("HTTP/1.1 101") and prompts(own).startswith("HTTP/1.1 200"), own
     code, log = server.stop(signal.SIGINT)
     assert code == 0 and "Traceback" not in log, log
+
+
+def _env_processes() -> int:
+    """How many env processes of this process's servers listen: those in episodes and those kept warm."""
+    listening = 0
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):  # one that ended as it was listed
+            listening += any(c.status == psutil.CONN_LISTEN for c in process.net_connections("tcp"))
+    return listening
+
+
+def test_the_warm_env_processes_of_a_burst_go_once_the_pool_is_idle(tmp_path, monkeypatch):
+    """A burst of 4 resets leaves 4 processes warm for the next burst (AGENTENV_NB_ENV_POOL is 2 here); none taken
+    for AGENTENV_NB_IDLE_TIMEOUT seconds, the pool is back to 2, not holding the burst's till the server stops."""
+    monkeypatch.setenv("AGENTENV_NB_IDLE_TIMEOUT", "2")
+    with AgentEnv.local(_bundle(tmp_path / "gridsim", train=4), max_concurrent_envs=4) as env:
+        plays = [env.factory() for _ in range(4)]
+        for play, row in zip(plays, env.dataset.to_list(), strict=True):
+            play.reset(**row)
+            play.get_prices()
+        for play in plays:
+            player_of(play).close()
+        deadline = time.monotonic() + 30
+        while _env_processes() != 4:  # the burst's 4 kept ready for the next
+            assert time.monotonic() < deadline, _env_processes()
+            time.sleep(0.2)
+        time.sleep(4)  # past the idle timeout, and the pool's next look
+        assert _env_processes() == 2
+
 
 # Findings 2 and 3: another local user, another episode
 
