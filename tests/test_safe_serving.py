@@ -272,6 +272,30 @@ def test_a_work_dir_under_a_folder_another_user_owns_or_may_write_is_refused(tmp
         AgentEnv.local(bundle)
 
 
+_STOPPED_MID_EPISODE = """import sys, time
+from agentenv_nb.client import AgentEnv
+
+env = AgentEnv.local(sys.argv[1], max_concurrent_envs=1)
+play = env.factory()
+play.reset(**env.dataset[0])
+play.get_prices()
+print("playing", flush=True)
+time.sleep(300)
+"""
+
+
+def test_sigterm_to_a_script_using_agentenv_local_leaves_nothing_behind(tmp_path):
+    script = subprocess.Popen([sys.executable, "-c", _STOPPED_MID_EPISODE, str(_bundle(tmp_path / "gridsim"))],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert "playing\n" in iter(script.stdout.readline, ""), script.stderr.read()[-3000:]
+    started = psutil.Process(script.pid).children(recursive=True)
+    script.send_signal(signal.SIGTERM)
+    assert script.wait(60) == 128 + signal.SIGTERM
+    assert "Traceback" not in script.stderr.read()
+    assert sorted(os.listdir(tmp_path / "work")) == []  # env folders, images, the store: all gone with it
+    assert not [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
 def test_a_local_process_cannot_call_another_episodes_env_and_envs_hold_no_secrets(tmp_path):
     with AgentEnv.local(_bundle(tmp_path / "gridsim"), max_concurrent_envs=2) as env:
         victim, other = env.factory(), env.factory()
