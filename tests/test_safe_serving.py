@@ -227,6 +227,24 @@ def test_the_warm_env_processes_of_a_burst_go_once_the_pool_is_idle(tmp_path, mo
         assert _env_processes() == 2
 
 
+@pytest.mark.slow  # the serve command in a fresh interpreter
+def test_the_serve_command_stopped_with_a_reset_in_flight_logs_no_traceback(tmp_path):
+    server = _ServeCommand(_bundle(tmp_path / "gridsim"), tmp_path)
+    server.wait()
+
+    async def reset_then_stop() -> None:
+        async with connect(server.url.replace("http://", "ws://") + "/ws", proxy=None) as ws:
+            await ws.send(json.dumps({"type": "reset", "data": {"split": "all", "index": 0}}))
+            await asyncio.sleep(0.3)  # the reset deploys its env
+            server.process.send_signal(signal.SIGTERM)
+            with pytest.raises(ConnectionClosed):
+                await ws.recv()
+
+    asyncio.run(reset_then_stop())
+    code, log = server.stop(signal.SIGTERM)
+    assert code == 0 and "Traceback" not in log and "Exception in ASGI application" not in log, log
+
+
 # Findings 2 and 3: another local user, another episode
 
 def test_a_work_dir_another_user_owns_or_may_write_is_refused(tmp_path, monkeypatch):

@@ -90,12 +90,21 @@ class Guard:
                 message = {**message, "text": deaths.amended(text, resets.watching.reports)}
             elif message["type"] == "websocket.close" and resets.ended and resets.under_way:
                 await send(resets.error_frame())
-            await send(message)
+            try:
+                await send(message)
+            except Exception:
+                resets.closed = True  # the client went, or the server is closing the connection as it stops
+                raise
 
         try:
             return await self.app(scope, self._idle_closing(receive, send, resets), telling_deaths)
         except asyncio.CancelledError:
             if not resets.ended or resets.task.uncancel():  # a cancel of its own, the server's stopping, goes on
+                raise
+        except Exception:
+            # OpenEnv's handler, its reply refused by a closed connection, tries to send an error on it too and
+            # raises: no one is left to tell, and uvicorn would log it as "Exception in ASGI application"
+            if not resets.closed:
                 raise
 
     def _foreign(self, scope, headers: dict) -> str | None:
@@ -139,7 +148,7 @@ class _Resets:
     client gets an error frame saying which env died and how as the connection closes."""
 
     def __init__(self, task: asyncio.Task):
-        self.task, self.under_way, self.ended = task, False, None
+        self.task, self.under_way, self.ended, self.closed = task, False, None, False
         self.watching = deaths.watch(on_report=self.died)
 
     def died(self, message: str, reset: int) -> None:
