@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -79,6 +80,7 @@ def main() -> None:
         for thread in threads:
             thread.join()
         store = folder_size(work / "store")
+    shutil.rmtree(work, ignore_errors=True)
     per = max(1, 200 // args.window)
     first, last = statistics.median(windows[:per]), statistics.median(windows[-per:])
     print(json.dumps({"episodes": args.episodes, "workers": args.workers, "failed": failed[:10],
