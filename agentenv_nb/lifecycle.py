@@ -4,20 +4,25 @@ alive, newest first, so a client closes its sessions before its server stops and
     close_at_exit(server.close)     # a bound method: held weakly, so registering keeps nothing alive
     close_at_exit(close_pools)      # a function: held for good
 
-A close that fails is logged, and the others still run.
+A close that fails is logged, and the others still run. SIGTERM, left to its default, would end Python without
+its exit hooks: once something is registered, it closes everything registered and exits Python the normal way
+instead (status 143, as before). Closing first, while the main thread's code is stopped: past the end of the program,
+Python stops the thread pools episodes still in flight need to end cleanly, before any exit hook runs.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import signal
+import sys
 import threading
 import weakref
 from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 _closers: list[Callable[[], Callable[[], None] | None]] = []
-_lock = threading.Lock()
+_lock = threading.RLock()  # also taken by the SIGTERM handler, which may interrupt the main thread holding it
 
 
 def close_at_exit(close: Callable[[], None]) -> None:
@@ -25,6 +30,14 @@ def close_at_exit(close: Callable[[], None]) -> None:
     held = weakref.WeakMethod(close) if hasattr(close, "__self__") else (lambda: close)
     with _lock:
         _closers.append(held)
+    # Only the main thread may set a handler; a handler of the program's own (the serve command's) stays
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_normally)
+
+
+def _exit_normally(signum, frame) -> None:
+    close_all()
+    sys.exit(128 + signum)
 
 
 def close_all() -> None:

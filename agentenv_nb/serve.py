@@ -16,11 +16,9 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-import shutil
 import signal
 import socket
 import sys
-import tempfile
 import threading
 from collections.abc import Callable
 
@@ -95,9 +93,10 @@ def main(argv: list[str] | None = None) -> None:
         token = shown = new_token()
     from agentenv_nb.envs.choice import SandboxError
     from agentenv_nb.envs.resolve import Resolved, resolve
+    from agentenv_nb.envs.store import use_private_store
 
     try:
-        _private_store()  # first: agent_env reads where its store is as it loads
+        use_private_store()  # first: agent_env reads where its store is as it loads
         resolved = (Resolved.from_json(args.resolved) if args.resolved else
                     resolve(args.bundle, args.sandbox, args.max_concurrent_envs, args.bundle_dir))
         from agentenv_nb.envs.app import build
@@ -128,21 +127,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"agentenv_nb: serving on http://{host}:{port} with the access token {shown} (shown once: pass it as "
               "AgentEnv(url, token=...) or AGENTENV_NB_TOKEN; set AGENTENV_NB_TOKEN to choose it)", flush=True)
     uvicorn.run(app, host=host, port=port, ws_ping_interval=None, timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
-
-
-def _private_store() -> None:
-    """Keep agent_env's store of episodes where AGENTENV_NB_STORE says, or in a folder of this process's own that
-    goes when it stops, so a long-lived host's store doesn't grow with every run."""
-    kept = settings.get("store")
-    if kept:
-        os.environ["XDG_STATE_HOME"] = kept
-        return
-    from agentenv_nb.envs.workdir import owned_prefix, work_dir
-    from agentenv_nb.lifecycle import close_at_exit
-
-    folder = tempfile.mkdtemp(prefix=owned_prefix("store"), dir=work_dir())
-    os.environ["XDG_STATE_HOME"] = folder
-    close_at_exit(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 def _serve_inherited(app, fd: int) -> None:

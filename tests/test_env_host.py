@@ -122,6 +122,16 @@ def test_local_server_processes_share_the_sessions_and_leave_nothing_behind(tmp_
             day = gridsim.battery.optimal_schedule(json.loads(play.get_prices()))
             play.submit_schedule(schedule=day)
         assert [play.get_reward() for play in plays] == [1.0] * 4
+        for play in plays:  # sessions end unevenly: the second server's both, the first server's none
+            if player_of(play).session.url == ws_url(env.urls[1]):
+                player_of(play).close()
+        later = [env.factory() for _ in range(2)]
+        for play, row in zip(later, rows):  # the first in turn is full: each goes on to the server with room
+            play.reset(**row)
+        assert [player_of(play).session.url for play in later] == 2 * [ws_url(env.urls[1])]
+        for play in later:
+            play.submit_schedule(schedule=gridsim.battery.optimal_schedule(json.loads(play.get_prices())))
+        assert [play.get_reward() for play in later] == [1.0] * 2
         with pytest.raises(CapacityError, match="max_concurrent_envs"):  # each server holds 4 / 2 sessions
             env.factory().reset(**rows[0])
     assert [server.returncode for server in servers] == [0, 0]  # shut down, not killed

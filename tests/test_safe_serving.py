@@ -10,13 +10,17 @@ command and servers of AgentEnv.local on loopback, real env processes, real epis
 """
 
 import asyncio
+import contextlib
 import json
 import os
 import re
+import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,7 +32,9 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from agentenv_nb import settings
 from agentenv_nb.client import AgentEnv
+from agentenv_nb.client.environment import player_of
 from agentenv_nb.client.session import Session, SessionError
+from agentenv_nb.envs.choice import SandboxError
 from agentenv_nb.envs.dockerfile import ImageError
 from agentenv_nb.envs.serving import serve_in_thread
 from agentenv_nb.envs.workdir import WorkDirError
@@ -162,6 +168,83 @@ def test_an_idle_session_is_closed_and_frees_its_slot(tmp_path, monkeypatch):
         asyncio.run(run())
 
 
+
+def _raw(port: int, request: str) -> str:
+    """The status line a server answers a raw HTTP request with, as a browser's socket would send it."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        raw.sendall(request.encode())
+        return raw.recv(4096).decode("latin-1").split("\r\n")[0]
+
+
+@pytest.mark.slow  # the serve command in a fresh interpreter
+def test_a_dns_rebinding_page_cannot_reach_a_loopback_server_without_a_token(tmp_path):
+    """A page on evil.example, whose DNS answer became 127.0.0.1, sends its own name as Host and Origin: its
+    WebSocket upgrade and its read of the eval prompts are refused; the server's own names are served."""
+    server = _ServeCommand(_bundle(tmp_path / "gridsim"), tmp_path)
+    server.wait()
+
+    def upgrade(host: str) -> str:
+        return _raw(server.port, f"GET /ws HTTP/1.1\r\nHost: {host}\r\nOrigin: http://{host}\r\n"
+                                 "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+                                 "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+
+    def prompts(host: str) -> str:
+        return _raw(server.port, f"GET /gridsim/splits HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")
+
+    attacker = f"evil.example:{server.port}"
+    assert upgrade(attacker).startswith("HTTP/1.1 403") and prompts(attacker).startswith("HTTP/1.1 403")
+    for own in (f"127.0.0.1:{server.port}", f"localhost:{server.port}"):
+        assert upgrade(own).startswith("HTTP/1.1 101") and prompts(own).startswith("HTTP/1.1 200"), own
+    code, log = server.stop(signal.SIGINT)
+    assert code == 0 and "Traceback" not in log, log
+
+
+def _env_processes() -> int:
+    """How many env processes of this process's servers listen: those in episodes and those kept warm."""
+    listening = 0
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):  # one that ended as it was listed
+            listening += any(c.status == psutil.CONN_LISTEN for c in process.net_connections("tcp"))
+    return listening
+
+
+def test_the_warm_env_processes_of_a_burst_go_once_the_pool_is_idle(tmp_path, monkeypatch):
+    """A burst of 4 resets leaves 4 processes warm for the next burst (AGENTENV_NB_ENV_POOL is 2 here); none taken
+    for AGENTENV_NB_IDLE_TIMEOUT seconds, the pool is back to 2, not holding the burst's till the server stops."""
+    monkeypatch.setenv("AGENTENV_NB_IDLE_TIMEOUT", "2")
+    with AgentEnv.local(_bundle(tmp_path / "gridsim", train=4), max_concurrent_envs=4) as env:
+        plays = [env.factory() for _ in range(4)]
+        for play, row in zip(plays, env.dataset.to_list(), strict=True):
+            play.reset(**row)
+            play.get_prices()
+        for play in plays:
+            player_of(play).close()
+        deadline = time.monotonic() + 60
+        while _env_processes() != 2:  # the episodes' ended; the pool refilled to the burst's 4, then shrank
+            assert time.monotonic() < deadline, _env_processes()
+            time.sleep(0.2)
+        time.sleep(3)  # a refill still under way would show now
+        assert _env_processes() == 2
+
+
+@pytest.mark.slow  # the serve command in a fresh interpreter
+def test_the_serve_command_stopped_with_a_reset_in_flight_logs_no_traceback(tmp_path):
+    server = _ServeCommand(_bundle(tmp_path / "gridsim"), tmp_path)
+    server.wait()
+
+    async def reset_then_stop() -> None:
+        async with connect(server.url.replace("http://", "ws://") + "/ws", proxy=None) as ws:
+            await ws.send(json.dumps({"type": "reset", "data": {"split": "all", "index": 0}}))
+            await asyncio.sleep(0.3)  # the reset deploys its env
+            server.process.send_signal(signal.SIGTERM)
+            with pytest.raises(ConnectionClosed):
+                await ws.recv()
+
+    asyncio.run(reset_then_stop())
+    code, log = server.stop(signal.SIGTERM)
+    assert code == 0 and "Traceback" not in log and "Exception in ASGI application" not in log, log
+
+
 # Findings 2 and 3: another local user, another episode
 
 def test_a_work_dir_another_user_owns_or_may_write_is_refused(tmp_path, monkeypatch):
@@ -182,6 +265,53 @@ def test_a_work_dir_another_user_owns_or_may_write_is_refused(tmp_path, monkeypa
     with AgentEnv.local(bundle, max_concurrent_envs=1):
         mode = stat.S_IMODE(fresh.stat().st_mode)
         assert mode in (0o700, 0o710) and fresh.stat().st_uid == os.geteuid()  # 0710: env users enter, never list
+
+
+def test_a_work_dir_under_a_folder_another_user_owns_or_may_write_is_refused(tmp_path, monkeypatch):
+    """Whoever may write a folder above the work dir can move the work dir away and put another in its place."""
+    bundle = _bundle(tmp_path / "gridsim")
+    shared = tmp_path / "shared"
+    (shared / "deeper" / "work").mkdir(parents=True, mode=0o700)
+    shared.chmod(0o775)  # group-writable, not sticky, two levels up
+    monkeypatch.setenv("AGENTENV_NB_WORK_DIR", str(shared / "deeper" / "work"))
+    with pytest.raises(WorkDirError, match=f"{shared}, above the work dir, may be written by others"):
+        AgentEnv.local(bundle)
+    shared.chmod(0o755)
+    if os.geteuid() == 0:
+        os.chown(shared, 65534, 65534)  # another user's folder, as a home whose owner lent a subfolder
+        with pytest.raises(WorkDirError, match=f"{shared}, above the work dir, belongs to user id 65534"):
+            AgentEnv.local(bundle)
+        os.chown(shared, 0, 0)
+    linked = tmp_path / "linked"
+    linked.symlink_to(shared)  # the same folders reached through a link: followed, and checked
+    shared.chmod(0o777)
+    monkeypatch.setenv("AGENTENV_NB_WORK_DIR", str(linked / "deeper" / "work"))
+    with pytest.raises(WorkDirError, match="above the work dir, may be written by others"):
+        AgentEnv.local(bundle)
+
+
+_STOPPED_MID_EPISODE = """import sys, time
+from agentenv_nb.client import AgentEnv
+
+env = AgentEnv.local(sys.argv[1], max_concurrent_envs=1)
+play = env.factory()
+play.reset(**env.dataset[0])
+play.get_prices()
+print("playing", flush=True)
+time.sleep(300)
+"""
+
+
+def test_sigterm_to_a_script_using_agentenv_local_leaves_nothing_behind(tmp_path):
+    script = subprocess.Popen([sys.executable, "-c", _STOPPED_MID_EPISODE, str(_bundle(tmp_path / "gridsim"))],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert "playing\n" in iter(script.stdout.readline, ""), script.stderr.read()[-3000:]
+    started = psutil.Process(script.pid).children(recursive=True)
+    script.send_signal(signal.SIGTERM)
+    assert script.wait(60) == 128 + signal.SIGTERM
+    assert "Traceback" not in script.stderr.read()
+    assert sorted(os.listdir(tmp_path / "work")) == []  # env folders, images, the store: all gone with it
+    assert not [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
 def test_a_local_process_cannot_call_another_episodes_env_and_envs_hold_no_secrets(tmp_path):
@@ -211,6 +341,37 @@ def test_a_local_process_cannot_call_another_episodes_env_and_envs_hold_no_secre
         assert [victim.get_reward(), other.get_reward()] == [1.0, 1.0]
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace of its own needs root, as on Colab")
+def test_each_env_process_has_a_tmp_of_its_own_wherever_the_kit_lives(tmp_path):
+    """The work dir is under /tmp here (pytest's tmp_path), as a kit or its virtual environment under /tmp would be:
+    each episode's env still gets a /tmp of its own, and still reads its app from the work dir."""
+    host_file = Path(tempfile.mkdtemp(prefix="agentenv-nb-test-", dir="/tmp")) / "host.txt"
+    host_file.write_text("the host's")
+    try:
+        with AgentEnv.local(_bundle(tmp_path / "gridsim"), max_concurrent_envs=2) as env:
+            plays = [env.factory(), env.factory()]
+            prices = []
+            for index, play in enumerate(plays):
+                play.reset(**env.dataset[index])
+                prices.append(json.loads(play.get_prices()))
+            serving = [p for p in psutil.Process().children(recursive=True)
+                       if any(c.status == psutil.CONN_LISTEN for c in p.net_connections("tcp"))]
+            assert len(serving) >= 2
+            for process in serving:  # /proc/PID/root: the filesystem as that process sees it
+                own_tmp = Path(f"/proc/{process.pid}/root/tmp")
+                assert not (own_tmp / host_file.relative_to("/tmp")).exists()
+                (own_tmp / f"written-by-{process.pid}").write_text("mine")
+            for process in serving:
+                assert [p.name for p in Path(f"/proc/{process.pid}/root/tmp").glob("written-by-*")] == [
+                    f"written-by-{process.pid}"]
+            assert not list(Path("/tmp").glob("written-by-*"))
+            for play, day in zip(plays, prices, strict=True):  # a reward ends every open episode of the thread
+                play.submit_schedule(schedule=gridsim.battery.optimal_schedule(day))
+            assert [play.get_reward() for play in plays] == [1.0, 1.0]
+    finally:
+        shutil.rmtree(host_file.parent, ignore_errors=True)
+
+
 def test_the_guard_on_env_ports_still_hooks_uvicorn():
     """The env processes' secret relies on uvicorn's Config.load setting Config.loaded_app: fail loudly if not."""
     import uvicorn.config
@@ -221,6 +382,67 @@ def test_the_guard_on_env_ports_still_hooks_uvicorn():
     config = uvicorn.config.Config(app)
     config.load()
     assert config.loaded_app is not None and hasattr(uvicorn.config.Config, "load")
+
+
+
+def test_a_dockerfile_or_requirements_file_reads_nothing_outside_its_build_context(tmp_path):
+    """A credentials file 0644 in a 0700 folder, as `modal token new` leaves ~/.modal.toml: the sandbox copies and
+    reads as the server's user, root too, so a COPY or a nested ``-r`` naming it, by ``..``, by a link or by its
+    absolute path, is refused, and no refusal quotes it."""
+    secret = tmp_path / "home" / ".modal.toml"
+    secret.parent.mkdir(mode=0o700)
+    secret.write_text("token_secret = 'as-not-for-envs'\n")
+    secret.chmod(0o644)
+    for case, (line, requirements) in enumerate([
+            ("COPY ../../../home/.modal.toml ./x", None),
+            ("COPY link ./x", None),
+            ("RUN pip install -r requirements.txt", f"-r {secret}\n"),
+            ("RUN pip install -r requirements.txt", "-r ../../../../../../../../../../../../" + str(secret) + "\n")]):
+        bundle = _bundle(tmp_path / f"case{case}")
+        env = bundle / "envs" / "gridsim"
+        if "link" in line:
+            (env / "link").symlink_to(secret)
+        if requirements:
+            (env / "requirements.txt").write_text(requirements)
+        dockerfile = (env / "Dockerfile").read_text().replace("COPY battery.py", f"{line}\nCOPY battery.py")
+        (env / "Dockerfile").write_text(dockerfile)
+        with pytest.raises(SandboxError, match="is outside (the build context|the image's WORKDIR)") as refused:
+            AgentEnv.local(bundle, max_concurrent_envs=1)
+        assert "as-not-for-envs" not in str(refused.value), line
+    assert not (tmp_path / "work").exists()  # refused before any env process started
+
+
+_ONE_RUN = """import json, os, sqlite3, sys
+from pathlib import Path
+from agentenv_nb.client import AgentEnv
+from agentenv_nb.tasks import gridsim
+
+with AgentEnv.local(sys.argv[1], max_concurrent_envs=1) as env:
+    for row in env.dataset.to_list():
+        with env.factory() as play:
+            play.reset(**row)
+            play.submit_schedule(schedule=gridsim.battery.optimal_schedule(json.loads(play.get_prices())))
+            assert play.get_reward() == 1.0
+    store = Path(os.environ["XDG_STATE_HOME"])
+    indexed = {db.name: [sql for (sql,) in sqlite3.connect(db).execute(
+        "SELECT sql FROM sqlite_master WHERE type='index' AND tbl_name='docs_agent_env_a2a_conversations'")]
+        for db in store.glob("agent-env/document_store/*.db")}
+print(json.dumps({"store": str(store), "indexed": indexed}))
+"""
+
+
+def test_agentenv_local_keeps_its_store_with_the_run_indexed_and_removes_it(tmp_path):
+    """agent_env's default store, ~/.local/state/agent-env, outlived every run and grew with it; where a bundle's
+    episodes keep their conversations (its @local file), a lookup parsed every conversation without an index."""
+    home = tmp_path / "home"
+    environ = {k: v for k, v in os.environ.items() if k != "XDG_STATE_HOME"} | {"HOME": str(home)}
+    done = subprocess.run([sys.executable, "-c", _ONE_RUN, str(_bundle(tmp_path / "gridsim"))], capture_output=True,
+                          text=True, timeout=300, env=environ)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert Path(said["store"]).parent == tmp_path / "work"  # a folder of the run's own
+    assert any("conversation_id" in sql for sql in said["indexed"]["local.db"]), said
+    assert not (home / ".local").exists() and not Path(said["store"]).exists()
 
 
 # Findings 5 and 6: settings, faults
@@ -244,6 +466,37 @@ def test_agentenv_local_honours_the_session_setting_and_refuses_bad_ones_before_
             AgentEnv.local(bundle)
         monkeypatch.delenv(f"AGENTENV_NB_{name}")
     assert not untouched.exists()  # refused before any env process or server started
+
+
+def test_every_numeric_setting_past_its_working_range_is_refused_naming_it(tmp_path, monkeypatch):
+    """1e10 seconds is finite, and overflowed a clock deep in asyncio or a thread's join, far from the variable."""
+    bundle = _bundle(tmp_path / "gridsim")
+    numeric = [s for s in settings.SETTINGS.values() if s.kind in (int, float)]
+    assert {"reset_timeout", "call_timeout", "patience", "env_start_timeout", "idle_timeout"} <= {s.name for s in numeric}
+    for setting in numeric:
+        monkeypatch.setenv(setting.variable, "1e10" if setting.kind is float else str(10**10))
+        with pytest.raises(settings.SettingError, match=f"^{setting.variable}=.* is out of range: .* from .* to "):
+            AgentEnv.local(bundle)
+        monkeypatch.delenv(setting.variable)
+    assert not (tmp_path / "work").exists()  # refused before any env process or server started
+
+
+@pytest.mark.slow  # the serve command in a fresh interpreter
+def test_the_serve_command_refuses_a_huge_timeout_in_one_line(tmp_path):
+    for name in ("ENV_START_TIMEOUT", "CALL_TIMEOUT", "RESET_TIMEOUT", "PATIENCE"):
+        failed = subprocess.run([*SERVE, str(_bundle(tmp_path / name))], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, f"AGENTENV_NB_{name}": "1e10"})
+        assert failed.returncode == 2 and f"AGENTENV_NB_{name}='1e10' is out of range" in failed.stderr, failed.stderr
+        assert failed.stderr.strip().count("\n") == 0
+    assert not (tmp_path / "work").exists()
+
+
+@pytest.mark.slow  # the serve command in a fresh interpreter
+def test_a_guessable_token_is_refused_without_showing_it(tmp_path):
+    failed = subprocess.run([*SERVE, str(_bundle(tmp_path / "gridsim")), "--host", "0.0.0.0"], capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "AGENTENV_NB_TOKEN": "k3y"})
+    assert failed.returncode == 2 and "AGENTENV_NB_TOKEN is shorter than 16 characters" in failed.stderr
+    assert "k3y" not in failed.stderr and failed.stderr.strip().count("\n") == 0, failed.stderr
 
 
 def _broken(root: Path) -> Path:
@@ -302,9 +555,9 @@ def test_a_dead_env_process_says_which_env_died_and_how(tmp_path):
         for process in psutil.Process().children(recursive=True):  # the episode's among the pool's ready ones
             if any(c.status == psutil.CONN_LISTEN for c in process.net_connections("tcp")):
                 os.killpg(process.pid, signal.SIGKILL)
-        time.sleep(1.5)  # the sandbox checks twice a second
-        with pytest.raises(Exception, match=r"the env process of 'gridsim' \(pid \d+\) died mid-episode: killed by "
-                                            "SIGKILL"):
+        # at once, before the sandbox's next check: the call's ReadError or ConnectError waits for its report
+        with pytest.raises(Exception, match=r"(Read|Connect)Error.* \(the env process of 'gridsim' \(pid \d+\) died "
+                                            "mid-episode: killed by SIGKILL"):
             play.submit_schedule(schedule=[0] * 24)
 
 

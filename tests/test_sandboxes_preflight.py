@@ -394,7 +394,7 @@ def test_an_image_of_an_older_python_runs_quietly_and_of_a_newer_one_is_said(tmp
     major, minor = sys.version_info[:2]
     (tmp_path / "server.py").write_text("print('an MCP server')\n")
     for wanted in (f"{major}.{minor - 1}", f"{major}.{minor}", f"{major}.{minor + 1}"):
-        text = f'FROM python:{wanted}-slim\nCOPY server.py .\nCMD ["python", "server.py"]\n'
-        read_dockerfile("Dockerfile", tmp_path, tmp_path / wanted, text)
+        (tmp_path / "Dockerfile").write_text(f'FROM python:{wanted}-slim\nCOPY server.py .\nCMD ["python", "server.py"]\n')
+        read_dockerfile("Dockerfile", tmp_path, tmp_path / wanted)
     said = [r.getMessage() for r in caplog.records if "older Python" in r.getMessage()]
     assert len(said) == 1 and f"python:{major}.{minor + 1}-slim" in said[0]

@@ -60,6 +60,18 @@ def test_help_and_usage_errors_in_one_line(tmp_path):
         assert failed.stderr.count("\n") == 1 and says in failed.stderr and "Traceback" not in failed.stderr
 
 
+@pytest.mark.slow  # the command in fresh interpreters
+def test_a_bad_setting_is_said_in_one_line_before_anything_loads_on_every_path(tmp_path):
+    """Serving here, playing an env server elsewhere (--env-url), or a rank other than 0: each reads the settings
+    first, not after Unsloth's import, where a bad one surfaced as a traceback."""
+    for args, rank in [(["--env-url", "http://127.0.0.1:9"], "0"), ([], "0"), ([], "1")]:
+        failed = run([*TRAIN, "--warm-start", tmp_path, "--preset", "cpu-tiny", *args], tmp_path, timeout=120,
+                     AGENTENV_NB_CALL_TIMEOUT="abc", RANK=rank)
+        assert failed.returncode == 2 and failed.stdout == "", failed.stdout
+        assert failed.stderr.count("\n") == 1 and "AGENTENV_NB_CALL_TIMEOUT='abc' isn't a number" in failed.stderr, (
+            args, rank, failed.stderr[-2000:])
+
+
 @pytest.mark.slow  # two launches of two fresh processes
 def test_a_launch_that_cant_train_is_refused_by_each_rank_in_one_line(tmp_path):
     """The docs' torchrun and accelerate launch command lines reach the command on each rank, which refuses what

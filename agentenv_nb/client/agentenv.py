@@ -41,7 +41,7 @@ from agentenv_nb.lifecycle import close_at_exit
 
 class AgentEnv:
     """The tasks of the split ``split`` a server at ``url`` serves, and the environments that play them. ``url``
-    may be a list of servers of the same bundle: each new environment's session goes to the next.
+    may be a list of servers of the same bundle: each new environment's session goes to the next with room.
 
     ``reward`` makes the reward of a task's scores here, a step id or a function of the scores by step id; without
     it the server's reward stands. ``reset_timeout`` (300 s), ``call_timeout`` (120 s) and ``patience`` (4 s) bound

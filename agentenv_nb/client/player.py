@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from agentenv_nb.client.runtime import Runtime
-from agentenv_nb.client.session import Session, SessionError
+from agentenv_nb.client.session import CapacityError, Session, SessionError
 from agentenv_nb.envs.app import Reward
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class Rules:
     """How an AgentEnv's environments play: the servers' sessions, the reward rule, and the options. They pickle
     (with a ``reward`` that does), for environments rebuilt in another process."""
 
-    urls: tuple[str, ...]  # the servers, each new session on the next
+    urls: tuple[str, ...]  # the servers, each new session on the next with room
     timeouts: dict[str, float]
     reward: Reward = None
     plain_text_replies: bool = False
@@ -51,9 +51,10 @@ class Rules:
     token: str | None = None  # the servers' access token
     turns: itertools.count = field(default_factory=itertools.count, init=False, repr=False, compare=False)
 
-    def next_url(self) -> str:
-        """The server the next session goes to."""
-        return self.urls[next(self.turns) % len(self.urls)]
+    def urls_in_turn(self) -> list[str]:
+        """The servers in the order the next session tries them: the next in turn first, then the others."""
+        first = next(self.turns) % len(self.urls)
+        return [*self.urls[first:], *self.urls[:first]]
 
     def __reduce__(self):
         return Rules, tuple(getattr(self, f.name) for f in fields(self) if f.init)  # the turns start again there
@@ -80,7 +81,8 @@ class Player:
 
     def __init__(self, runtime: Runtime, rules: Rules, tools: tuple[dict[str, Any], ...], name: str):
         self.runtime, self.rules, self.tools, self.name = runtime, rules, tools, name
-        self.session = Session(rules.next_url(), token=rules.token, **rules.timeouts)
+        self._urls = rules.urls_in_turn()
+        self.session = Session(self._urls[0], token=rules.token, **rules.timeouts)
         self.episode: Episode | None = None
         self.started_by: int | None = None  # the thread that started the episode, which ends its open turns
         self._finishing = threading.Lock()
@@ -90,7 +92,7 @@ class Player:
         """Start task ``index`` of ``split`` in the background. The first start opens the session, raising when the
         server has no room for it."""
         if not self.session.opened:
-            self.runtime.run(self.session.open(), self.session.reset_bound, "opening a session")
+            self.runtime.run(self._open(), len(self._urls) * self.session.reset_bound, "opening a session")
         with self._finishing:
             self.episode, self.started_by = Episode(split, index, task_id), threading.get_ident()
         self.episode.started = self.runtime.submit(self._start(self.episode))
@@ -160,6 +162,20 @@ class Player:
         if reward is None:
             episode.error = f"the task recorded no reward (scores: {episode.scores})"
         return reward
+
+    async def _open(self) -> None:
+        """Open the session on the first server in turn with room: sessions close unevenly, so one server may be
+        full while another has slots. CapacityError only when every one is."""
+        for url in self._urls:
+            session = Session(url, token=self.rules.token, **self.rules.timeouts)
+            try:
+                await session.open()
+            except CapacityError:
+                if url == self._urls[-1]:
+                    raise
+            else:
+                self.session = session
+                return
 
     async def _start(self, episode: Episode) -> None:
         try:

@@ -20,12 +20,16 @@ def build(resolved: Resolved, *, reward: Reward = None, token: str | None = None
     """The bundle's OpenEnv app, every task as the split ``all`` plus one split per eval, requiring ``token`` when
     given and closing sessions idle for AGENTENV_NB_IDLE_TIMEOUT (``guard.Guard``). ``reward``: see ``rewards``."""
     from agent_env.a2a_agent import conversation_store
+    from agent_env.store.routing import namespace_routing
 
     build_app = openenv_build_app()
     tls.share_default_context()  # agent_env makes an httpx client a request: each would parse the CA bundle again
     # The store looks conversations up by fields only these indexes serve; without them every lookup parses every
-    # conversation it holds, and a long run's episodes slow down as it grows (docs/benchmarks.md).
-    conversation_store.ensure_indexes()
+    # conversation it holds, and a long run's episodes slow down as it grows (docs/benchmarks.md). A bundle's
+    # episodes are @local runs, whose conversations go to the @local namespace's own file: with routing on, the
+    # indexes go there too, not only to the configured store's, which those episodes never write.
+    with namespace_routing():
+        conversation_store.ensure_indexes()
     # The episode's agent proxy is polled at an a2a card path a2a calls deprecated: one warning a poll, no news.
     logging.getLogger("a2a.server.apps.jsonrpc.jsonrpc_app").setLevel(logging.ERROR)
     # An episode's end closes its in-process agent proxy while the env's long poll is still open: uvicorn says it

@@ -49,11 +49,12 @@ class ImageError(ValueError):
 
 
 
-def read_dockerfile(where: str, context: Path, app: Path, text: str, pip_install: bool | None = None) -> Dockerfile:
-    """Read ``text``, a Dockerfile of the build context ``context``, laying its COPYs out in ``app``; with
+def read_dockerfile(where: str, context: Path, app: Path, dockerfile: str = "Dockerfile",
+                    pip_install: bool | None = None) -> Dockerfile:
+    """Read the Dockerfile ``dockerfile`` of the build context ``context``, laying its COPYs out in ``app``; with
     ``pip_install`` given, also refuse (False) or install (True) each requirement this Python lacks. Raises ImageError
     naming the line, or the packages and the command that installs them."""
-    read = Dockerfile(where, context, app).read(text)
+    read = Dockerfile(where, context, app).read(_in_context(where, context, context / dockerfile).read_text("utf8"))
     if pip_install is not None:
         _require(where, read.requirements, pip_install)
     return read
@@ -65,7 +66,7 @@ def dockerfile_problem(env_folder: Path, pip_install: bool | None = None) -> str
     try:
         with tempfile.TemporaryDirectory() as scratch:  # the reader lays the image's files out in app/
             read_dockerfile(f"envs/{env_folder.name}/Dockerfile", env_folder, Path(scratch) / "app",
-                            (env_folder / "Dockerfile").read_text(), pip_install)
+                            pip_install=pip_install)
     except (ImageError, OSError) as error:
         return str(error)
     return None
@@ -157,6 +158,9 @@ class Dockerfile:
     def _requirements_file(self, shown: str, path: str, folder: Path | None = None) -> None:
         """Note a requirements file's requirements: ``path`` in the image, or in ``folder`` for one it names."""
         file = folder / path if folder else self._in_app(shown, path)
+        if not file.resolve().is_relative_to(self.app.resolve()):  # the app holds only what COPYs took from the context
+            raise ImageError(f"{shown}: {path} is outside the image's WORKDIR {self.workdir}; a process sandbox reads "
+                             "only requirements files COPYed into it")
         if not file.is_file():
             raise ImageError(f"{shown}: {file.name} isn't COPYed into the image before this RUN")
         for number, line in enumerate(file.read_text("utf8").splitlines(), 1):
@@ -171,16 +175,20 @@ class Dockerfile:
         found = [sorted(glob.glob(source.lstrip("/") or ".", root_dir=self.context)) for source in args.sources]
         if not all(found):
             raise ImageError(f"{shown}: the build context has no {args.sources}")
-        sources = [self.context / match for matches in found for match in matches]
+        sources = [_in_context(shown, self.context, self.context / match) for matches in found for match in matches]
         into = (args.destination.endswith(("/", "/.")) or args.destination == "." or len(sources) > 1
                 or self._in_app(shown, destination).is_dir())
+
+        def copy(source: str, target: str) -> None:  # each file a copied folder holds, its links followed
+            shutil.copy2(_in_context(shown, self.context, Path(source)), target)
+
         for path in sources:
             if path.is_dir():
-                shutil.copytree(path, self._in_app(shown, destination), dirs_exist_ok=True)
+                shutil.copytree(path, self._in_app(shown, destination), copy_function=copy, dirs_exist_ok=True)
             else:
                 target = self._in_app(shown, posixpath.join(destination, path.name) if into else destination)
                 target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(path, target)
+                copy(str(path), str(target))
 
     def _in_app(self, shown: str, container_path: str) -> Path:
         """The app folder's path for a path in the image, which must be under the final WORKDIR, the process's cwd."""
@@ -189,6 +197,15 @@ class Dockerfile:
             raise ImageError(f"{shown}: {container_path} is outside WORKDIR {self.workdir}; a process sandbox runs "
                              "the env in one folder, its WORKDIR, so COPY everything into it")
         return self.app / relative
+
+
+def _in_context(shown: str, context: Path, path: Path) -> Path:
+    """``path``, which must lie in the build context once ``..`` and links are followed: the sandbox reads and copies
+    as the server's user, root included, so the context's bounds are all that keeps other files out."""
+    if not path.resolve().is_relative_to(context.resolve()):
+        raise ImageError(f"{shown}: {os.path.relpath(path, context)} is outside the build context, the env's folder; "
+                         "a Docker build reads only files inside it, and so does a process sandbox")
+    return path
 
 
 def _commands(shown: str, value: str) -> list[list[str]]:
@@ -211,8 +228,9 @@ def _requirement(shown: str, text: str) -> Requirement:
     try:
         return Requirement(text)
     except InvalidRequirement as e:
-        raise ImageError(f"{shown}: {text!r} isn't a requirement a process sandbox can check ({e}); name packages "
-                         "by requirement, as in requirements.txt") from None
+        # its first line only: the rest quotes the text, which may be any file's
+        raise ImageError(f"{shown} isn't a requirement a process sandbox can check ({str(e).splitlines()[0]}); name "
+                         "packages by requirement, as in requirements.txt") from None
 
 
 def _require(where: str, requirements: list[tuple[str, Requirement]], pip_install: bool) -> None:

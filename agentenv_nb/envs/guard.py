@@ -4,8 +4,12 @@
 
 - With a token, every HTTP request and WebSocket handshake must carry ``Authorization: Bearer <token>``; an HTTP
   request without it gets 401, a WebSocket is refused before it opens (HTTP 403).
-- A WebSocket handshake whose ``Origin`` isn't the server's own (a web page in a browser on the host) is refused:
-  clients that aren't browsers send none.
+- Without a token, a request whose ``Host`` isn't a name of the address it reached is refused (403): on a loopback
+  address only ``localhost`` or a loopback IP, elsewhere that address's IP. A web page whose name an attacker's DNS
+  points at 127.0.0.1 (DNS rebinding) sends its own name as Host and Origin, and can't send a token: with one, the
+  token is the boundary, and any name a proxy or a client uses for the host is served.
+- A request or WebSocket handshake whose ``Origin`` isn't the server's own (a web page in a browser on the host) is
+  refused: clients that aren't browsers send none.
 - Episodes are played over ``/ws`` only, one a connection, so each counts against ``max_concurrent_envs``: OpenEnv's
   HTTP ``/reset``, ``/step``, ``/mcp`` and other WebSocket routes, which make envs past that limit, answer 404.
 - An error a ``/ws`` client gets after an env process of its episode died says which env and how (``deaths``); a
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 import re
 from urllib.parse import urlsplit
@@ -31,6 +36,19 @@ IDLE_CLOSE = 4408  # a WebSocket close code of the private range: "idle for too 
 _ENV_URL = re.compile(r"https?://agentenv:[^@\s/]+@127\.0\.0\.1:\d+[^\s'\"]*")  # an env process's, as pool.EnvProcess.url
 _READ_ONLY = re.compile(r"/(health|metadata|schema|list_environments|docs|docs/oauth2-redirect|redoc|openapi\.json"
                         r"|[^/]+/(splits|tasks|num_tasks|task|task_range))")
+
+
+_LOST = re.compile(r"\b(?:Read|Write|Connect|RemoteProtocol)Error\b")  # httpx's, as a call to an env's server fails
+_SAYS_NOTHING = re.compile(r'\b([A-Z]\w*Error): "')  # an exception's name and an empty message ("ReadError: "), in JSON
+_DEATH_WAIT_S = 1.0  # two of the process sandbox's checks that an env process lives
+
+
+async def _reported(watching: deaths.Watch) -> None:
+    """Wait, up to ``_DEATH_WAIT_S``, for a death to be reported to ``watching``."""
+    for _ in range(int(_DEATH_WAIT_S / 0.05)):
+        if watching.reports:
+            return
+        await asyncio.sleep(0.05)
 
 
 class Guard:
@@ -46,6 +64,8 @@ class Guard:
         if kind not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
+        if problem := self._foreign(scope, headers):
+            return await _refuse(kind, send, 403, problem)
         if self._expected is not None and not hmac.compare_digest(headers.get(b"authorization", b""),
                                                                   self._expected):
             return await _refuse(kind, send, 401, "this server needs its access token: AgentEnv(url, token=...) "
@@ -58,25 +78,47 @@ class Guard:
             return await self.app(scope, receive, send)
         if path != "/ws" or b"session_id" in scope.get("query_string", b""):
             return await _refuse(kind, send, 404, "episodes are played over /ws, one a connection")
-        origin = headers.get(b"origin")
-        if origin is not None and urlsplit(origin.decode("latin-1")).netloc != headers.get(b"host", b"").decode():
-            return await _refuse(kind, send, 403, "a WebSocket from another origin (a web page) isn't served")
         resets = _Resets(asyncio.current_task())  # and the watch on deaths under this connection's episodes
 
         async def telling_deaths(message):
             if message["type"] == "websocket.send" and message.get("text"):
                 resets.under_way = False  # this is the reset's reply, if one was under way
                 text = _ENV_URL.sub("the env's server", message["text"])  # its URL holds the episode's secret
+                if '"error"' in text and _LOST.search(text):  # its env may have died this instant: say which
+                    await _reported(resets.watching)
+                    text = _SAYS_NOTHING.sub(r'\1, with no message (the env\'s server went away)"', text)
                 message = {**message, "text": deaths.amended(text, resets.watching.reports)}
             elif message["type"] == "websocket.close" and resets.ended and resets.under_way:
                 await send(resets.error_frame())
-            await send(message)
+            try:
+                await send(message)
+            except Exception:
+                resets.closed = True  # the client went, or the server is closing the connection as it stops
+                raise
 
         try:
             return await self.app(scope, self._idle_closing(receive, send, resets), telling_deaths)
         except asyncio.CancelledError:
             if not resets.ended or resets.task.uncancel():  # a cancel of its own, the server's stopping, goes on
                 raise
+        except Exception:
+            # OpenEnv's handler, its reply refused by a closed connection, tries to send an error on it too and
+            # raises: no one is left to tell, and uvicorn would log it as "Exception in ASGI application"
+            if not resets.closed:
+                raise
+
+    def _foreign(self, scope, headers: dict) -> str | None:
+        """Why a request's Host or Origin isn't this server's (see the module docstring), or None."""
+        host = headers.get(b"host", b"").decode("latin-1")
+        origin = headers.get(b"origin")
+        if origin is not None and urlsplit(origin.decode("latin-1")).netloc != host:
+            return "a request from another origin (a web page) isn't served"
+        reached = (scope.get("server") or (None,))[0]
+        name = urlsplit(f"//{host}").hostname or ""
+        if reached is None or self._expected is not None or _names(name, reached):
+            return None
+        return (f"Host {host[:80]!r} isn't a name of this server's address {reached}: connect to "
+                f"{'localhost or ' if _is_loopback(reached) else ''}{reached}")
 
     def _idle_closing(self, receive, send, resets: _Resets):
         """``receive`` that closes the connection, and tells the app it closed, when the client is silent for
@@ -106,7 +148,7 @@ class _Resets:
     client gets an error frame saying which env died and how as the connection closes."""
 
     def __init__(self, task: asyncio.Task):
-        self.task, self.under_way, self.ended = task, False, None
+        self.task, self.under_way, self.ended, self.closed = task, False, None, False
         self.watching = deaths.watch(on_report=self.died)
 
     def died(self, message: str, reset: int) -> None:
@@ -118,6 +160,25 @@ class _Resets:
         data = {"code": "EXECUTION_ERROR", "message": f"the reset failed: {self.ended}"}
         return {"type": "websocket.send",
                 "text": _ENV_URL.sub("the env's server", json.dumps({"type": "error", "data": data}))}
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return False
+
+
+def _is_loopback(address: str) -> bool:
+    return _is_ip(address) and ipaddress.ip_address(address).is_loopback
+
+
+def _names(name: str, address: str) -> bool:
+    """Whether the Host name ``name`` can only mean ``address``, the server's end of the connection."""
+    if _is_loopback(address):
+        return name == "localhost" or name.endswith(".localhost") or _is_loopback(name)
+    return _is_ip(name) and ipaddress.ip_address(name) == ipaddress.ip_address(address)
 
 
 def _reset_data(message) -> dict | None:

@@ -52,7 +52,7 @@ def read_image(image, *, pip_install: bool = False) -> EnvImage:
             extract(archive, context)
             archive.unlink()
             where = f"image {image.id!r} ({image.dockerfile_path})"
-            read = read_dockerfile(where, context, app, (context / image.dockerfile_path).read_text("utf8"), pip_install)
+            read = read_dockerfile(where, context, app, image.dockerfile_path, pip_install)
             return _images.setdefault(key, EnvImage(key, app, read.script, read.args, read.env, outside_imports(app)))
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import psutil
 
+from agentenv_nb import settings
 from agentenv_nb.envs import zygote
 from agentenv_nb.envs.image import EnvImage
 from agentenv_nb.envs.workdir import env_ids, owned_prefix, work_dir
@@ -54,12 +55,12 @@ class EnvStartError(RuntimeError):
 
 
 def private_folders() -> list[str]:
-    """The folders a process gets of its own: none without root; /data (made if missing), and /tmp unless something
-    it reads lives there (its app's work dir, this Python, its packages: a CI clone or a site folder under /tmp)."""
+    """The folders a process gets of its own: none without root; else /data (made if missing) and /tmp, into which
+    what it reads there (the work dir, this Python, its packages) is bound back (``zygote``)."""
     if os.geteuid() != 0:
         return []
     Path("/data").mkdir(exist_ok=True)
-    return ["data"] if any(path.startswith("/tmp/") for path in read_paths()) else ["data", "tmp"]
+    return ["data", "tmp"]
 
 
 def read_paths() -> list[str]:
@@ -129,7 +130,8 @@ class EnvProcess:
 
 class Pool:
     """Fresh env processes of one image and environment, kept ready ahead of need: ``size``, or as many as were in use
-    at once so far when that's more, so a burst of resets as large as the last finds all its processes ready."""
+    at once so far when that's more, so a burst of resets as large as the last finds all its processes ready; back to
+    ``size`` once none was taken for AGENTENV_NB_IDLE_TIMEOUT seconds."""
 
     def __init__(self, image: EnvImage, env: dict[str, str], size: int):
         self.image, self.size = image, size
@@ -141,11 +143,12 @@ class Pool:
         self._start_timeout = 60.0
         self._wanted, self._closed, self._in_use, self.peak = threading.Event(), False, 0, 0  # peak: most in use yet
         self._zygote, self._thread = None, None  # the forking parent (a Popen); the refilling thread
+        self._idle_after, self._taken_at = settings.get("idle_timeout"), time.monotonic()
         self._exits: Path | None = None  # where the forking parent says how each child ended
 
     async def take(self, start_timeout: float) -> EnvProcess:
         """A ready process no one has used: a warm one, else one started now."""
-        self._start_timeout = start_timeout
+        self._start_timeout, self._taken_at = start_timeout, time.monotonic()
         while self.size:
             with self._lock:
                 process = self._ready.popleft() if self._ready else None
@@ -255,7 +258,9 @@ class Pool:
     def _keep_ready(self) -> None:
         """Top the ready processes up whenever one is taken, starting the missing ones at once."""
         while not self._closed:
-            self._wanted.wait()
+            if not self._wanted.wait(self._idle_after):
+                self._shrink()
+                continue
             self._wanted.clear()
             with self._lock:
                 missing = max(self.size, self.peak) - len(self._ready)
@@ -274,6 +279,18 @@ class Pool:
                     if process not in self._ready:
                         process.kill()
                 time.sleep(1)
+
+    def _shrink(self) -> None:
+        """After a burst, once none was taken for AGENTENV_NB_IDLE_TIMEOUT seconds, keep only ``size`` ready (or as
+        many as are in use, if more): a burst's warm processes (56 MB each) would otherwise stay till the pool closes."""
+        with self._lock:
+            if time.monotonic() - self._taken_at < self._idle_after:
+                return
+            self.peak = self._in_use
+            keep = max(self.size, self.peak)
+            extra = [self._ready.pop() for _ in range(max(0, len(self._ready) - keep))]
+        for process in extra:
+            process.kill()
 
 
 _pools: dict[tuple, Pool] = {}

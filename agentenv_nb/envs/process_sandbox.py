@@ -234,7 +234,7 @@ def trial(bundle: str | Path) -> None:
         try:
             share_with_envs(scratch)
             read = read_dockerfile(f"envs/{name}/Dockerfile", folder, scratch / "app",
-                                   (folder / "Dockerfile").read_text(), settings.get("pip_install"))
+                                   pip_install=settings.get("pip_install"))
             image = EnvImage(f"trial:{name}", scratch / "app", read.script, read.args, read.env)
             with concurrent.futures.ThreadPoolExecutor(1) as thread:  # a loop of its own, even inside a notebook's
                 thread.submit(asyncio.run, start(image, name)).result()

@@ -21,6 +21,7 @@ import uvicorn
 from agentenv_nb import settings
 from agentenv_nb.envs.app import Reward, build, warnings_and_up
 from agentenv_nb.envs.resolve import Resolved, resolve
+from agentenv_nb.envs.store import use_private_store
 from agentenv_nb.lifecycle import close_at_exit
 
 
@@ -69,6 +70,7 @@ def serve_in_thread(bundle: str | Path | Resolved, host: str = "127.0.0.1", port
     connections, or raises when it didn't start within ``start_timeout`` seconds."""
     resolved = resolve(bundle, sandbox, max_concurrent_envs, bundle_dir)
     token = settings.get("token", token) or new_token()
+    use_private_store()
     app = build(resolved, reward=reward, token=token)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", ws_ping_interval=None,
                             timeout_graceful_shutdown=shutdown_timeout)

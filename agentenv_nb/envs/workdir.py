@@ -1,6 +1,7 @@
 """The work dir (AGENTENV_NB_WORK_DIR): where env images are unpacked and env processes, server logs and stores get
 folders. What runs in an episode is read from there, so it must be this user's alone: it is made 0700, and refused
-when another user owns it or may write to it (a world-writable /var/tmp lets anyone make the folder first)."""
+when another user owns it or may write to it (a world-writable /var/tmp lets anyone make the folder first), or owns
+or may write a folder above it (sticky ones, as /tmp, aside), who could swap it for another."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def work_dir() -> Path:
 
 
 def _check(path: Path) -> None:
-    """Refuse ``path`` (and each folder above it that isn't sticky) when someone else owns it or may write it."""
+    """Refuse ``path`` when someone else owns it or may write it, or any folder above it (see below)."""
     fix = f"set AGENTENV_NB_WORK_DIR to a folder of your own, or remove {path} and let the kit make it"
     info = path.lstat()
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
@@ -47,10 +48,16 @@ def _check(path: Path) -> None:
                            f"({os.geteuid()}), who would run what it holds; {fix}")
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise WorkDirError(f"the work dir {path} may be written by others (mode {stat.filemode(info.st_mode)}); {fix}")
-    for parent in path.parents:
+    # A folder above it that another user owns, or others may write (unless sticky), lets them move it away and put
+    # another in its place: every one, up to /, as written and with its links followed
+    for parent in dict.fromkeys([*path.parents, *path.resolve().parents]):
         above = parent.stat()
-        if above.st_mode & stat.S_IWOTH and not above.st_mode & stat.S_ISVTX:
-            raise WorkDirError(f"{parent}, above the work dir, may be written by anyone, who could replace it; {fix}")
+        if above.st_uid not in (os.geteuid(), 0):
+            raise WorkDirError(f"{parent}, above the work dir, belongs to user id {above.st_uid}, who could replace "
+                               f"the work dir; {fix}")
+        if above.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not above.st_mode & stat.S_ISVTX:
+            raise WorkDirError(f"{parent}, above the work dir, may be written by others (mode "
+                               f"{stat.filemode(above.st_mode)}), who could replace the work dir; {fix}")
 
 
 def share_with_envs(path: Path, mode: int = 0o750) -> None:

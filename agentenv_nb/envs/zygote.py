@@ -9,7 +9,8 @@ Run as a script, so nothing of the package is imported into the env (the package
 A process json holds ``app_dir``, ``script``, ``args``, ``env`` (its whole environment), ``port``, ``root`` (the
 process's own folder: its ``log`` takes the output, and ``ready`` appears once it listens), ``private``: the folders
 under ``root`` (``data``, ``tmp``) to mount at ``/data`` and ``/tmp`` in a mount namespace of its own, so a file staged
-for it, or its sqlite in /tmp, is its alone; ``ids``: the user and group ids to run as (a server running as root
+for it, or its sqlite in /tmp, is its alone; ``reads``: what it reads besides its app (bound back where it lies under
+/tmp, and revealed on the way through folders others can't enter); ``ids``: the user and group ids to run as (a server running as root
 gives each process a user id of its own), or None; and ``secret``: what its port requires. Every request to the env's
 server must carry it as Basic auth (user ``SECRET_USER``), or gets 401: a guard wraps the app uvicorn loads, and the
 process is marked ready only once its server is guarded, so another local process (another episode's env among them)
@@ -58,7 +59,7 @@ def become(process: dict) -> None:
         os.dup2(log, 1)
         os.dup2(log, 2)
         if process["private"]:
-            _private(libc, process["root"], process["private"])
+            _private(libc, process["root"], process["private"], process["reads"])
             os.close(os.open(PRIVATE_MARK, os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=root))
         if process["ids"]:
             _reveal(libc, process["reads"])
@@ -180,9 +181,10 @@ def _sockets(process: psutil.Process) -> list:
         return []
 
 
-def _private(libc, root: str, names: list) -> None:
+def _private(libc, root: str, names: list, reads: list) -> None:
     """Mount ``root/<name>`` at ``/<name>`` for each name, in a mount namespace only this process (and its children)
-    sees."""
+    sees. What the process reads under /tmp (this Python in a virtual environment there, the work dir) is bound into
+    its own /tmp first, at the same path, so /tmp is private wherever the kit lives."""
     def check(result: int, what: str) -> None:
         if result != 0:
             raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
@@ -190,8 +192,19 @@ def _private(libc, root: str, names: list) -> None:
     check(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "making / private")
     for name in names:
-        source, target = os.path.join(root, name).encode(), f"/{name}".encode()
-        check(libc.mount(source, target, None, _MS_BIND | _MS_REC, None), f"binding {root}/{name} at /{name}")
+        source, target = os.path.join(root, name), f"/{name}"
+        outermost = [read for read in reads if read.startswith(target + "/")
+                     and not any(read.startswith(other + "/") for other in reads)]
+        for read in outermost:  # bound in the folder before it covers the original: the path is the same after
+            inside = source + read[len(target):]
+            if os.path.isdir(read):
+                os.makedirs(inside, mode=0o755, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(inside), mode=0o755, exist_ok=True)
+                open(inside, "a").close()
+            check(libc.mount(read.encode(), inside.encode(), None, _MS_BIND | _MS_REC, None), f"binding {read}")
+        check(libc.mount(source.encode(), target.encode(), None, _MS_BIND | _MS_REC, None),
+              f"binding {root}/{name} at /{name}")
 
 
 def _reveal(libc, reads: list) -> None:

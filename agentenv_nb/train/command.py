@@ -24,6 +24,7 @@ import os
 import sys
 from pathlib import Path
 
+from agentenv_nb import settings
 from agentenv_nb.train import earlier_steps
 from agentenv_nb.train.export import hub_problem
 from agentenv_nb.train.launch import ASYNC_EVALS, launch_problem
@@ -118,6 +119,10 @@ def warm_start(args) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
+        try:  # every path reads them later, some only after Unsloth loads (seconds): a bad one is said first
+            settings.check_environment()
+        except settings.SettingError as error:
+            raise UsageError(str(error)) from None
         if problem := report_to_problem(args.report_to):
             raise UsageError(problem.replace("REPORT_TO=", "--report-to "))
         if problem := hub_problem(args.push_to_hub):
