@@ -37,7 +37,7 @@ def test_the_async_trainer_is_refused_where_it_cant_run_in_one_line():
     runs = lambda: (True, "vllm imports and a CUDA GPU is visible")  # noqa: E731
     assert async_problem(gpu, processes=1, vllm=runs) is None
     assert "the 'cpu-tiny' preset generates without it: pick the 'grpo' trainer, or a preset that generates on vLLM " \
-           "('24gb', '16bit')" in async_problem(cpu, processes=1, vllm=runs)
+           "('24gb', '16bit', '16gb')" in async_problem(cpu, processes=1, vllm=runs)
     assert "and 2 were launched: launch one" in async_problem(gpu, processes=2, vllm=runs)
     assert "which can't run here (vllm is not installed): pick the 'grpo' trainer" in async_problem(
         gpu, processes=1, vllm=lambda: (False, "vllm is not installed"))
