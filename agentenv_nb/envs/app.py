@@ -36,6 +36,11 @@ def build(resolved: Resolved, *, reward: Reward = None, token: str | None = None
     # cancelled 0 tasks, and the proxy logs the poll's ClientDisconnect as an error with a traceback. Nothing failed.
     logging.getLogger("uvicorn.error").addFilter(_not_an_idle_shutdown)
     logging.getLogger("agentenv_protocol.a2a_agent.framework").addFilter(_not_a_client_disconnect)
+    # The same poll cut off while a2a's JSON-RPC app reads its body: that logs the ClientDisconnect, then its reply
+    # to a client that is gone, an internal error (-32603) whose message, the ClientDisconnect's, is empty
+    jsonrpc = logging.getLogger("a2a.server.apps.jsonrpc.jsonrpc_app")
+    jsonrpc.addFilter(_not_a_client_disconnect)
+    jsonrpc.addFilter(_not_a_reply_to_a_client_gone)
     try:
         app = build_app(resolved.folder, reward=rule(reward), sandbox=resolved.sandbox,
                         max_concurrent_envs=resolved.max_concurrent_envs)
@@ -79,3 +84,8 @@ def _not_an_idle_shutdown(record: logging.LogRecord) -> bool:
 
 def _not_a_client_disconnect(record: logging.LogRecord) -> bool:
     return not (record.exc_info and type(record.exc_info[1]).__name__ == "ClientDisconnect")
+
+
+def _not_a_reply_to_a_client_gone(record: logging.LogRecord) -> bool:
+    return not (str(record.msg).startswith("Request Error") and isinstance(record.args, tuple)
+                and record.args[1:3] == (-32603, ""))
