@@ -137,7 +137,7 @@ def test_the_check_passes_a_good_setup_and_says_how_to_fix_a_bad_one(quiz, qwen3
     plain.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     with pytest.raises(CheckFailed) as failed:
         quiz.check(plain, quiz.dataset.remove_columns(["split"]))
-    assert "tokenizer.chat_template = trl.chat_template_utils.qwen3_chat_template" in str(failed.value)
+    assert "use_tool_template(tokenizer) builds one from the model's own turns" in str(failed.value)
     assert "keep its split and index columns" in str(failed.value)
 
 
