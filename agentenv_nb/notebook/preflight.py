@@ -182,8 +182,9 @@ def check_server(env, split: str, timeout: float = 10.0) -> list[dict]:
 
 
 def check_tools(env, tokenizer=None) -> list[dict]:
-    """The tools' schemas as TRL will read them, and with a tokenizer its chat template's round trip (``checks``). Learning the
-    tools plays the split's first task on the server, so a server that can't deploy its envs fails here too."""
+    """The tools' schemas as TRL will read them, and with a tokenizer its chat template's round trip (``checks``).
+    Learning the tools plays the split's first task on the server, so a server that can't deploy its envs fails here
+    too."""
     from agentenv_nb.client import checks
     from agentenv_nb.stack import import_unsloth
 
