@@ -1,7 +1,7 @@
 """Models of the four template families TRL parses no tool calls for train with tools through the kit: the tiny
 model with a Llama 3, Gemma 3, Mistral or base-model tokenizer, loaded by ``load_model`` (which builds its
-tool-calling template), passes the round trip, learns in TRL's SFTTrainer to write a call TRL's parser reads, and
-trains a GRPO step whose rollouts call the environment's tool."""
+tool-calling template), passes the round trip, learns in TRL's SFTTrainer to write a call TRL's parser reads (in the
+kit's ``play`` too), and trains a GRPO step whose rollouts call the environment's tool."""
 
 import json
 import random
@@ -27,6 +27,7 @@ def test_a_model_trl_does_not_know_learns_a_call_trl_parses_and_trains_a_grpo_st
 
     from agentenv_nb.client.checks import template_problems
     from agentenv_nb.train.models import load_model, save_warm_start
+    from agentenv_nb.train.rollout import play
     from agentenv_nb.train.tiny import build_tiny_model
 
     tool = get_json_schema(Adder().add)
@@ -45,6 +46,8 @@ def test_a_model_trl_does_not_know_learns_a_call_trl_parses_and_trains_a_grpo_st
     assert tokenizer.eos_token_id in written  # the turn ends at the model's own end-of-turn token
     [call] = parse_response(tokenizer, written, prefix=ids)["tool_calls"]
     assert call["function"]["name"] == "add" and set(call["function"]["arguments"]) == {"a", "b"}
+    [played] = play(model, tokenizer, Adder, [{"prompt": _question(3, 4), "a": 3, "b": 4}], max_new_tokens=48)
+    assert played["tool_calls"] >= 1 and played["messages"][2]["role"] == "tool"  # the kit's evals play it too
 
     merged = save_warm_start(model, tokenizer, tmp_path / "sft")
     capsys.readouterr()
