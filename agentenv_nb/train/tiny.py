@@ -6,6 +6,9 @@ without the Hugging Face Hub: a byte-level BPE tokenizer trained on a small corp
 included, plus whatever texts the caller passes), TRL's chat template of its family (so TRL parses its tool
 calls), and a randomly initialised model: ``Qwen3ForCausalLM``, or with ``family="qwen3.5"`` a
 ``Qwen3_5ForCausalLM`` (linear and full attention layers, TRL's Qwen3.5 template: ``<function=...>`` tool calls).
+The families "llama3", "gemma", "mistral" and "base" keep the Qwen3 layers with a tokenizer of that family's special
+tokens and its released chat template (none for "base"), from which TRL parses no tool calls: the kit's
+``tool_template`` builds one.
 The 4B-shaped model measures time and memory honestly where no weights can be downloaded; it can't measure reward.
 
 Usage::
@@ -14,6 +17,7 @@ Usage::
 
     path = build_tiny_model("models/tiny-qwen3", corpus_texts=[system_prompt, tools_json])
     path = build_tiny_model("models/tiny-qwen3.5", family="qwen3.5")   # Qwen3.5's layers and tool-call format
+    path = build_tiny_model("models/tiny-gemma", family="gemma")       # Gemma 3's turns: <start_of_turn>...
     model, tokenizer = FastLanguageModel.from_pretrained(path, max_seq_length=2048)
     build_random_qwen3_4b("models/qwen3-4b-random", device="cuda")   # on the GPU machine
 """

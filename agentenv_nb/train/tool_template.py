@@ -62,6 +62,8 @@ def conversation_format(tokenizer) -> ConversationFormat:
     user, reply = ("user", _USER), ("assistant", _REPLY)
     one, prompted = render(user), render(user, prompt=True)
     answered, again = render(user, reply), render(user, reply, ("user", _USER_AGAIN))
+    if _REPLY not in answered or again[len(answered):].count(_USER_AGAIN) != 1:
+        raise ValueError("the chat template drops the text of a user/assistant conversation's turns")
     if not (prompted.startswith(one) and answered.startswith(one) and again.startswith(answered)):
         raise ValueError("the chat template renders earlier turns differently once later turns follow")
     header = answered[len(one):answered.index(_REPLY)]
