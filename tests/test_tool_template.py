@@ -84,3 +84,12 @@ def test_calls_the_parser_does_not_read_back_fail_the_round_trip(tokenizers):
     tokenizer.chat_template = tokenizer.chat_template.replace('"arguments": ', '"args": ')
     [problem] = template_problems(tokenizer)
     assert problem.startswith("TRL's parser reads the assistant's call add({'a': 3, 'b': 4}) back as ")
+
+
+def test_a_template_that_drops_tool_calls_fails_the_round_trip(tokenizers):
+    from trl.chat_template_utils import llama3_chat_template, qwen3_template
+
+    tokenizer = copy.deepcopy(tokenizers["llama3"])
+    tokenizer.chat_template, tokenizer.response_template = llama3_chat_template, qwen3_template  # writes content only
+    [problem] = template_problems(tokenizer)
+    assert problem.startswith("the chat template drops the assistant's tool calls; ")

@@ -103,6 +103,11 @@ def _call(name: str, arguments: dict) -> dict:
     return {"type": "function", "function": {"name": name, "arguments": arguments}}
 
 
+def _tool(name: str, **kinds: str) -> dict:
+    return {"type": "function", "function": {"name": name, "description": f"The {name} tool.", "parameters": {
+        "type": "object", "properties": {key: {"type": kind} for key, kind in kinds.items()}, "required": list(kinds)}}}
+
+
 _QUESTION, _RESULT = "What is 3 plus 4, and the weather where I am?", "RESULT_7_q8z"
 ROUND_TRIP = [
     {"role": "system", "content": "You are a careful agent."},
@@ -112,11 +117,7 @@ ROUND_TRIP = [
     {"role": "assistant", "content": "", "tool_calls": [_call("get_weather", {"city": "Paris", "days": [1, 2]})]},
 ]
 """The conversation the round trip renders: a tool call, its result, and a second call."""
-_ROUND_TRIP_TOOLS = [{"type": "function", "function": {
-    "name": name, "description": f"The {name} tool.", "parameters": {"type": "object", "properties": {
-        key: {"type": kind} for key, kind in params.items()}, "required": list(params)}}}
-    for name, params in (("add", {"a": "integer", "b": "integer"}), ("get_weather", {"city": "string",
-                                                                                   "days": "array"}))]
+_ROUND_TRIP_TOOLS = [_tool("add", a="integer", b="integer"), _tool("get_weather", city="string", days="array")]
 
 
 def round_trip_problems(tokenizer) -> list[str]:
@@ -133,7 +134,7 @@ def round_trip_problems(tokenizer) -> list[str]:
                 f"({type(e).__name__}: {e}); {FIX}"]
     if _RESULT not in text:
         return [f"the chat template drops tool results, so the model would never read what its calls return; {FIX}"]
-    if not all(name in text for name in ("add", "get_weather", "Paris")):
+    if "Paris" not in text:  # an argument of the second call: the tools' descriptions name the tools themselves
         return [f"the chat template drops the assistant's tool calls; {FIX}"]
     try:
         masking = None if has_generation_markers(tokenizer.chat_template) else get_training_chat_template(tokenizer)
@@ -153,8 +154,8 @@ def round_trip_problems(tokenizer) -> list[str]:
     parser = tokenizer if getattr(tokenizer, "response_template", None) or getattr(tokenizer, "response_schema", None) \
         else add_response_schema(copy.copy(tokenizer))
     eos, problems = tokenizer.eos_token, {}  # a line a kind of problem, the first turn's that shows it
-    if tokenizer.encode(eos, add_special_tokens=False) != [tokenizer.eos_token_id]:
-        problems["stop"] = (f"the stop token {eos!r} (the tokenizer's EOS) is several tokens, so generation can't "
+    if eos is None or tokenizer.encode(eos, add_special_tokens=False) != [tokenizer.eos_token_id]:
+        problems["stop"] = (f"the stop token {eos!r} (the tokenizer's EOS) is not one token, so generation can't "
                             f"stop on it; make the EOS the single token that ends an assistant turn, or {FIX}")
     for (start, end), reply in zip(spans, replies):
         turn = ids[start:end]
