@@ -93,3 +93,15 @@ def test_a_template_that_drops_tool_calls_fails_the_round_trip(tokenizers):
     tokenizer.chat_template, tokenizer.response_template = llama3_chat_template, qwen3_template  # writes content only
     [problem] = template_problems(tokenizer)
     assert problem.startswith("the chat template drops the assistant's tool calls; ")
+
+
+def test_a_template_trl_parses_but_cannot_mask_for_sft_gets_one_built_from_its_turns(tokenizers, capsys):
+    from trl.chat_template_utils import llama3_2_chat_template
+
+    tokenizer = copy.deepcopy(tokenizers["llama3"])
+    tokenizer.chat_template = llama3_2_chat_template  # TRL parses its calls; SFTTrainer has no training version
+    [problem] = template_problems(tokenizer)
+    assert problem.startswith("the chat template marks no assistant turns ({% generation %}) for SFT's ")
+    use_tool_template(tokenizer)
+    assert "using one built from its own turns, ending turns with <|eot_id|>" in capsys.readouterr().out
+    assert template_problems(tokenizer) == []

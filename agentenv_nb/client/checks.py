@@ -73,17 +73,33 @@ FIX = ("agentenv_nb.train.tool_template.use_tool_template(tokenizer) builds one 
 
 
 def template_problems(tokenizer, round_trip: bool = True) -> list[str]:
-    """Why TRL can't render or parse tool calls with ``tokenizer``'s chat template, if it can't; with
-    ``round_trip``, what ``round_trip_problems`` finds in place of TRL's own rendering check. Imports TRL: in a
+    """Why TRL can't render, parse or mask for SFT the tool calls of ``tokenizer``'s chat template, if it can't; with
+    ``round_trip``, what ``round_trip_problems`` finds in place of TRL's own checks. Imports TRL: in a
     training process, import unsloth first (``agentenv_nb.stack.import_unsloth``)."""
     from trl.chat_template_utils import supports_tool_calling
 
     if getattr(tokenizer, "chat_template", None) is None:
         return [f"the tokenizer has no chat template; {FIX}"]
-    if (parsing := _parser_problems(tokenizer)) or round_trip:
-        return parsing or round_trip_problems(tokenizer)
-    return [] if supports_tool_calling(tokenizer) else [
-        f"the tokenizer's chat template can't render a tool-calling conversation; {FIX}"]
+    if (problems := _parser_problems(tokenizer)) or round_trip:
+        return problems or round_trip_problems(tokenizer)
+    if not supports_tool_calling(tokenizer):
+        problems.append(f"the tokenizer's chat template can't render a tool-calling conversation; {FIX}")
+    try:
+        _masking_template(tokenizer)
+    except ValueError as error:
+        problems.append(f"{error}; {FIX}")
+    return problems
+
+
+def _masking_template(tokenizer) -> str | None:
+    """The template SFTTrainer masks the assistant's tokens with (None: the tokenizer's own), as it picks it."""
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    try:
+        return None if has_generation_markers(tokenizer.chat_template) else get_training_chat_template(tokenizer)
+    except ValueError:
+        raise ValueError("the chat template marks no assistant turns ({% generation %}) for SFT's assistant-only "
+                         "loss, and TRL has no training version of it") from None
 
 
 def _parser_problems(tokenizer) -> list[str]:
@@ -124,8 +140,7 @@ def round_trip_problems(tokenizer) -> list[str]:
     """What breaks when ``ROUND_TRIP`` goes through ``tokenizer`` as training takes it: rendered with its tools and
     tokenized, the assistant turns parsed back with TRL's parser must give back the same calls, each must end with
     the single stop token generation stops at, and SFT's assistant-only loss mask must cover those turns only."""
-    from trl.chat_template_utils import (add_response_schema, get_training_chat_template, has_generation_markers,
-                                         parse_response)
+    from trl.chat_template_utils import add_response_schema, parse_response
 
     try:
         text = tokenizer.apply_chat_template(ROUND_TRIP, tools=_ROUND_TRIP_TOOLS, tokenize=False)
@@ -137,10 +152,9 @@ def round_trip_problems(tokenizer) -> list[str]:
     if "Paris" not in text:  # an argument of the second call: the tools' descriptions name the tools themselves
         return [f"the chat template drops the assistant's tool calls; {FIX}"]
     try:
-        masking = None if has_generation_markers(tokenizer.chat_template) else get_training_chat_template(tokenizer)
-    except ValueError:
-        return ["the chat template marks no assistant turns ({% generation %}) for SFT's assistant-only loss, and TRL "
-                f"has no training version of it; {FIX}"]
+        masking = _masking_template(tokenizer)
+    except ValueError as error:
+        return [f"{error}; {FIX}"]
     rendered = tokenizer.apply_chat_template(ROUND_TRIP, tools=_ROUND_TRIP_TOOLS, tokenize=True, return_dict=True,
                                              return_assistant_tokens_mask=True, chat_template=masking)
     ids, spans = rendered["input_ids"], _runs(rendered["assistant_masks"])
