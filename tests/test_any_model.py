@@ -33,7 +33,8 @@ def test_a_model_trl_does_not_know_learns_a_call_trl_parses_and_trains_a_grpo_st
     tool = get_json_schema(Adder().add)
     base = build_tiny_model(tmp_path / "tiny", corpus_texts=[json.dumps(tool)], family=family)
     model, tokenizer = load_model(base, "cpu-tiny", "sft")
-    assert "TRL parses no tool calls from this model's chat template; using one built from" in capsys.readouterr().out
+    assert "tool calls with this model's chat template; using one built from its own turns" in capsys.readouterr().out \
+        or family == "base"
     assert template_problems(tokenizer) == []  # the round trip env.check runs
 
     SFTTrainer(model=model, processing_class=tokenizer, train_dataset=Dataset.from_list(_sft_rows(300, tool)),
@@ -52,7 +53,7 @@ def test_a_model_trl_does_not_know_learns_a_call_trl_parses_and_trains_a_grpo_st
     merged = save_warm_start(model, tokenizer, tmp_path / "sft")
     capsys.readouterr()
     model, tokenizer = load_model(merged, "cpu-tiny", "grpo")  # LoRA; the template and its parser came along
-    assert "TRL parses no tool calls" not in capsys.readouterr().out
+    assert "using one built" not in capsys.readouterr().out
     rng = random.Random(1)
     tasks = Dataset.from_list([{"prompt": _question(a, b), "a": a, "b": b}
                                for a, b in ((rng.randrange(10), rng.randrange(10)) for _ in range(8))])

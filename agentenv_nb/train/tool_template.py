@@ -1,12 +1,13 @@
-"""A tool-calling chat template for a model whose own template TRL can't parse tool calls from.
+"""A tool-calling chat template for a model whose own template TRL can't parse tool calls from, or mask for SFT.
 
-TRL 1.15 parses tool calls only for templates it knows by exact string. For any other model this module reads the
-model's own conversation format by rendering its template with marker texts (the preamble, the text around a user
-turn and an assistant turn, and so the end-of-turn token), or, with no template, uses a plain ``User:``/``Assistant:``
-format ending turns with the model's EOS. It writes a template in that format whose tools and calls take the
-``<tool_call>`` JSON form of TRL's Qwen3 template, parsed by TRL's own Qwen3 response template anchored on the
-model's assistant header and end-of-turn token. The end-of-turn token becomes the tokenizer's EOS: generation stops
-there, as TRL's GRPO expects.
+TRL 1.15 parses tool calls only for templates it knows by exact string, and masks the assistant's turns for SFT only
+where a template marks them or TRL has a training version of it (not Llama 3.1/3.2's). For any other model this
+module reads the model's own conversation format by rendering its template with marker texts (the preamble, the
+text around a user turn and an assistant turn, and so the end-of-turn token), or, with no template, uses a plain
+``User:``/``Assistant:`` format ending turns with the model's EOS. It writes a template in that format whose tools
+and calls take the ``<tool_call>`` JSON form of TRL's Qwen3 template, parsed by TRL's own Qwen3 response template
+anchored on the model's assistant header and end-of-turn token. The end-of-turn token becomes the tokenizer's EOS:
+generation stops there, as TRL's GRPO expects.
 
     from agentenv_nb.train.tool_template import use_tool_template
     use_tool_template(tokenizer)    # load_model does this; prints one line when it changes the template
@@ -185,7 +186,7 @@ def response_template(fmt: ConversationFormat) -> dict:
 
 
 def use_tool_template(tokenizer) -> None:
-    """Make TRL parse tool calls with ``tokenizer``: leave a template TRL parses (or one with its own
+    """Make TRL parse and SFT-mask tool calls with ``tokenizer``: leave a template it can (or one with its own
     ``response_template``) as it is; for a ChatML model use TRL's Qwen3 template, which writes its tokens; otherwise
     build one from the model's own turns (``tool_template``), or a plain format where it has no template or one that
     can't be read, make its end-of-turn token the EOS, and say so."""
@@ -209,5 +210,5 @@ def use_tool_template(tokenizer) -> None:
             fmt, source = plain_format(tokenizer), f"a plain User:/Assistant: format ({error})"
     tokenizer.chat_template, tokenizer.response_template = tool_template(fmt), response_template(fmt)
     tokenizer.eos_token = fmt.end_of_turn
-    print(f"agentenv_nb: TRL parses no tool calls from this model's chat template; using one built from {source}, "
-          f"ending turns with {fmt.end_of_turn}, with <tool_call> JSON calls that TRL's Qwen3 parser reads")
+    print(f"agentenv_nb: TRL can't parse or SFT-mask tool calls with this model's chat template; using one built "
+          f"from {source}, ending turns with {fmt.end_of_turn}, with <tool_call> JSON calls TRL's Qwen3 parser reads")
