@@ -21,6 +21,7 @@ from .conftest import grpo, one_turn_task, step_logs, turn, verifier, warnings, 
 from agentenv_nb import AgentEnv
 from agentenv_nb.client.checks import CheckFailed
 from agentenv_nb.client.environment import read_plain_text_replies
+from agentenv_nb.stack import import_unsloth
 from agentenv_nb.tasks.gridsim import battery
 
 
@@ -137,8 +138,27 @@ def test_the_check_passes_a_good_setup_and_says_how_to_fix_a_bad_one(quiz, qwen3
     plain.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     with pytest.raises(CheckFailed) as failed:
         quiz.check(plain, quiz.dataset.remove_columns(["split"]))
-    assert "tokenizer.chat_template = trl.chat_template_utils.qwen3_chat_template" in str(failed.value)
+    assert "use_tool_template(tokenizer) builds one from the model's own turns" in str(failed.value)
     assert "keep its split and index columns" in str(failed.value)
+
+
+@pytest.mark.slow
+def test_preflight_and_the_check_run_the_round_trip_a_built_template_passes(quiz):
+    import_unsloth()  # as a notebook has: preflight checks a template only where trl can come after unsloth
+    from agentenv_nb.notebook.preflight import check_tools
+    from agentenv_nb.train.tiny import build_tokenizer
+    from agentenv_nb.train.tool_template import use_tool_template
+
+    mistral = build_tokenizer(family="mistral", vocab_size=700)  # [INST] turns: TRL parses no tool calls from them
+    [row] = check_tools(quiz, mistral)
+    assert row["status"] == "fail" and "this one is none of them" in row["detail"]
+    assert row["fix"].startswith("agentenv_nb.train.tool_template.use_tool_template(tokenizer) builds one")
+    with pytest.raises(CheckFailed, match="this one is none of them"):
+        quiz.check(mistral)
+    use_tool_template(mistral)
+    [row] = check_tools(quiz, mistral)
+    assert row["status"] == "ok" and "makes the round trip through the chat template" in row["detail"]
+    quiz.check(mistral)
 
 
 def test_the_check_names_tool_parameters_trl_cannot_offer():

@@ -225,8 +225,9 @@ def check_server(env, split: str, timeout: float = 10.0) -> list[dict]:
 
 
 def check_tools(env, tokenizer=None) -> list[dict]:
-    """The tools' schemas as TRL will read them, and with a tokenizer its chat template (``checks``). Learning the
-    tools plays the split's first task on the server, so a server that can't deploy its envs fails here too."""
+    """The tools' schemas as TRL will read them, and with a tokenizer its chat template's round trip (``checks``).
+    Learning the tools plays the split's first task on the server, so a server that can't deploy its envs fails here
+    too."""
     from agentenv_nb.client import checks
     from agentenv_nb.stack import import_unsloth
 
@@ -240,7 +241,8 @@ def check_tools(env, tokenizer=None) -> list[dict]:
         problems += checks.template_problems(tokenizer)
     if not problems:
         return [_row("tool schemas", "ok", f"every tool of {', '.join(env.factories)} has a schema TRL reads"
-                     + (", and TRL parses the chat template's tool calls" if tokenizer is not None else ""))]
+                     + (", and a conversation with tool calls makes the round trip through the chat template, SFT's "
+                        "loss mask and TRL's parser" if tokenizer is not None else ""))]
     return [_row("tool schemas", "fail", *problem.split("; ", 1)) for problem in problems]  # what; its fix
 
 

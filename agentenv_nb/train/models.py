@@ -17,6 +17,7 @@ from pathlib import Path
 from agentenv_nb.library_log import to_log
 from agentenv_nb.stack import import_unsloth
 from agentenv_nb.train import presets, vllm_sizing
+from agentenv_nb.train.tool_template import use_tool_template
 
 TINY = "tiny"
 
@@ -33,7 +34,8 @@ def load_model(name: str, preset: str, stage: str = "grpo", *, corpus: Iterable[
     as ``preset`` says for ``stage`` ("sft" or "grpo"): with LoRA on every linear layer, or every weight trainable
     where the preset fine-tunes in full, on the preset's torch threads; returns (model, tokenizer). The tiny model
     and GGUF conversions are made once under ``models_dir``. The model's PAD/BOS/EOS ids are the tokenizer's, as
-    every TRL trainer would set them (with a notice each time) otherwise."""
+    every TRL trainer would set them (with a notice each time) otherwise. A chat template TRL parses no tool calls
+    from is replaced by one it does (``tool_template.use_tool_template``), in one line."""
     import_unsloth()
     from transformers.trainer_utils import align_special_tokens
     from unsloth import FastLanguageModel
@@ -59,7 +61,7 @@ def load_model(name: str, preset: str, stage: str = "grpo", *, corpus: Iterable[
                                                              full_finetuning=full)
         if not full:
             model = FastLanguageModel.get_peft_model(model, **presets.peft_kwargs(preset))
-    use_chatml_template(tokenizer)
+    use_tool_template(tokenizer)
     notices = logging.getLogger("transformers.trainer_utils")
     level = notices.level
     notices.setLevel(logging.ERROR)  # its notice says what it aligned: here that is expected
@@ -112,20 +114,6 @@ def from_gguf(gguf: Path, folder: Path) -> str:
     tokenizer.save_pretrained(folder)
     print(f"agentenv_nb: {gguf.name} converted to a model folder at {folder}")
     return str(folder)
-
-
-def use_chatml_template(tokenizer) -> None:
-    """Where TRL can't parse tool calls from the tokenizer's chat template but the model speaks ChatML
-    (``<|im_start|>``/``<|im_end|>``), use TRL's Qwen3 template, which writes those same tokens, and say so."""
-    from trl.chat_template_utils import qwen3_chat_template
-
-    from agentenv_nb.client.checks import template_problems
-
-    chatml = all(token in tokenizer.get_vocab() for token in ("<|im_start|>", "<|im_end|>"))
-    if chatml and template_problems(tokenizer) and tokenizer.chat_template != qwen3_chat_template:
-        tokenizer.chat_template = qwen3_chat_template
-        print("agentenv_nb: TRL parses no tool calls from this model's chat template; using TRL's Qwen3 template, "
-              "which writes the same <|im_start|>/<|im_end|> tokens")
 
 
 def save_warm_start(model, tokenizer, folder: str | Path) -> str:

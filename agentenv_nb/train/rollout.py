@@ -60,7 +60,8 @@ def play(model: Any, tokenizer: Any, factory: Callable | dict[str, Callable], ro
 
     from agentenv_nb.train.progress import Progress
 
-    tokenizer = tokenizer if getattr(tokenizer, "response_schema", None) else add_response_schema(tokenizer)
+    if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
+        add_response_schema(tokenizer)  # as TRL's GRPOTrainer does: a parser of its own (a built template's) is kept
     # Rendered as TRL's trainers render a conversation (its prefix-preserving training template, where it has one),
     # so a model sees here what it was fine-tuned on and what GRPO will show it.
     template_kwargs = {"enable_thinking": False, "chat_template": get_training_chat_template(tokenizer),

@@ -1,10 +1,14 @@
-"""Random Qwen3-format models built offline: a tiny one for CPU runs, a Qwen3-4B-shaped one for GPU benchmarks.
+"""Random models built offline: a tiny one for CPU runs (Qwen3 layers; Qwen3 or another family's tokenizer and chat
+template), a Qwen3-4B-shaped one for GPU benchmarks.
 
 The tiny model lets the whole notebook sequence (SFT warm start, GRPO, eval) run on a CPU in minutes
 without the Hugging Face Hub: a byte-level BPE tokenizer trained on a small corpus (tool-call markup
 included, plus whatever texts the caller passes), TRL's chat template of its family (so TRL parses its tool
 calls), and a randomly initialised model: ``Qwen3ForCausalLM``, or with ``family="qwen3.5"`` a
 ``Qwen3_5ForCausalLM`` (linear and full attention layers, TRL's Qwen3.5 template: ``<function=...>`` tool calls).
+The families "llama3", "gemma", "mistral" and "base" keep the Qwen3 layers with a tokenizer of that family's special
+tokens and its released chat template (none for "base"), from which TRL parses no tool calls: the kit's
+``tool_template`` builds one.
 The 4B-shaped model measures time and memory honestly where no weights can be downloaded; it can't measure reward.
 
 Usage::
@@ -13,6 +17,7 @@ Usage::
 
     path = build_tiny_model("models/tiny-qwen3", corpus_texts=[system_prompt, tools_json])
     path = build_tiny_model("models/tiny-qwen3.5", family="qwen3.5")   # Qwen3.5's layers and tool-call format
+    path = build_tiny_model("models/tiny-gemma", family="gemma")       # Gemma 3's turns: <start_of_turn>...
     model, tokenizer = FastLanguageModel.from_pretrained(path, max_seq_length=2048)
     build_random_qwen3_4b("models/qwen3-4b-random", device="cuda")   # on the GPU machine
 """
@@ -33,19 +38,43 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 """Qwen3's added, non-special tokens: kept when decoding, so TRL's parser sees the tool-call tags."""
 QWEN3_VOCAB_SIZE = 151936
-FAMILIES = ("qwen3", "qwen3.5")
-"""The tiny model's families: Qwen3 (JSON tool calls) and Qwen3.5 (XML ``<function=...>`` tool calls)."""
+FAMILY_TOKENS = {
+    "qwen3": (SPECIAL_TOKENS, None, "<|im_end|>", "<|endoftext|>"),
+    "qwen3.5": (SPECIAL_TOKENS, None, "<|im_end|>", "<|endoftext|>"),
+    "llama3": (["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                "<|finetune_right_pad_id|>"], "<|begin_of_text|>", "<|end_of_text|>", "<|finetune_right_pad_id|>"),
+    "gemma": (["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"], "<bos>", "<eos>", "<pad>"),
+    "mistral": (["<unk>", "<s>", "</s>", "[INST]", "[/INST]"], "<s>", "</s>", "<unk>"),
+    "base": (["<|endoftext|>", "<|padding|>"], None, "<|endoftext|>", "<|padding|>"),
+}
+"""Each family's special tokens, then its BOS, EOS and PAD: Llama 3's and Gemma's EOS is not the token that ends
+their chat turns (``<|eot_id|>``, ``<end_of_turn>``), as in the released models' tokenizers."""
+FAMILIES = tuple(FAMILY_TOKENS)
+"""The tiny model's families: Qwen3 (JSON tool calls), Qwen3.5 (XML ``<function=...>`` tool calls), and four whose
+templates TRL parses no tool calls from: Llama 3's header format, Gemma 3's turns, Mistral's ``[INST]`` format, and a
+base model with no chat template."""
+MISTRAL_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}")
+"""Mistral-7B-Instruct's chat template: no system or tool role, turns end with the EOS."""
 
 
-def chat_template(family: str = "qwen3") -> str:
-    """TRL's chat template of ``family``, the exact string TRL recognises to parse its tool calls (thinking off for
-    Qwen3.5, as TRL's ``qwen3_5_nothink`` template has it)."""
+def chat_template(family: str = "qwen3") -> str | None:
+    """``family``'s chat template: for Qwen3 and Qwen3.5 TRL's, the exact string TRL recognises to parse its tool
+    calls (thinking off for Qwen3.5, as TRL's ``qwen3_5_nothink`` template has it); for Llama 3 and Gemma TRL's copy of
+    the released model's; none for the base model."""
     from trl import chat_template_utils
 
     if family not in FAMILIES:
         raise ValueError(f"no tiny model of family {family!r}; pick one of {', '.join(FAMILIES)}")
-    return chat_template_utils.qwen3_chat_template if family == "qwen3" else \
-        chat_template_utils.qwen3_5_nothink_chat_template
+    return {"qwen3": chat_template_utils.qwen3_chat_template,
+            "qwen3.5": chat_template_utils.qwen3_5_nothink_chat_template,
+            "llama3": chat_template_utils.llama3_chat_template, "gemma": chat_template_utils.gemma3_chat_template,
+            "mistral": MISTRAL_CHAT_TEMPLATE, "base": None}[family]
 
 _SAMPLE_TOOLS = [
     {"type": "function", "function": {
@@ -66,10 +95,11 @@ _SAMPLE_TOOLS = [
 
 
 def default_corpus(family: str = "qwen3") -> list[str]:
-    """Generic tool-calling chats rendered with ``family``'s template, so BPE merges cover its markup and JSON."""
+    """Generic tool-calling chats rendered with ``family``'s template (Qwen3's where ``family``'s renders no tool
+    calls), so BPE merges cover its markup and JSON."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    template = chat_template(family)
+    template = chat_template(family if family == "qwen3.5" else "qwen3")
     chats = []
     for i in range(200):
         a, b, city = i * 7 % 101, i * 13 % 97, ["Paris", "Austin", "Tokyo", "Lagos"][i % 4]
@@ -101,15 +131,17 @@ def build_tokenizer(corpus_texts: Iterable[str] = (), vocab_size: int = 2048, pa
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+    special, bos, eos, pad = FAMILY_TOKENS[family]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     bpe.train_from_iterator([*default_corpus(family), *corpus_texts], trainer=trainer)
     if pad_to is not None:
         bpe = _pad_vocab(bpe, pad_to - len(MARKUP_TOKENS))
-    bpe.add_tokens(MARKUP_TOKENS)  # after the padding, so they take the last ids, as in Qwen3's vocabulary
+    if family.startswith("qwen"):
+        bpe.add_tokens(MARKUP_TOKENS)  # after the padding, so they take the last ids, as in Qwen3's vocabulary
     return PreTrainedTokenizerFast(
-        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        chat_template=chat_template(family), model_max_length=40960, padding_side="left")
+        tokenizer_object=bpe, bos_token=bos, eos_token=eos, pad_token=pad, chat_template=chat_template(family),
+        model_max_length=40960, padding_side="left")
 
 
 def _pad_vocab(bpe, size: int):
@@ -173,8 +205,10 @@ def qwen3_4b_config():
 
 
 def _token_ids(tokenizer) -> dict:
-    """The config's special-token ids, taken from the tokenizer (Qwen3 has no BOS it prepends)."""
-    return {"bos_token_id": tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+    """The config's special-token ids, taken from the tokenizer (Qwen3 has no BOS it prepends: its config names
+    <|endoftext|>)."""
+    return {"bos_token_id": tokenizer.bos_token_id if tokenizer.bos_token else
+            tokenizer.convert_tokens_to_ids("<|endoftext|>"),
             "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
 
 
@@ -183,7 +217,7 @@ def build_tiny_model(path: str | os.PathLike, corpus_texts: Iterable[str] = (), 
                      family: str = "qwen3") -> str:
     """Save a tokenizer and a random tiny model of ``family`` (``FAMILIES``) at ``path``; reuse the folder if it
     exists."""
-    configure = tiny_config if family == "qwen3" else tiny_qwen3_5_config
+    configure = tiny_qwen3_5_config if family == "qwen3.5" else tiny_config
 
     def make():
         tokenizer = build_tokenizer(corpus_texts, vocab_size=vocab_size, family=family)
