@@ -12,7 +12,7 @@ scores into the trainer's logs.
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 from agentenv_nb.stack import hide_broken_torchvision
@@ -26,6 +26,9 @@ class ScoreLog(TrainerCallback):
     """Logs the mean of each score the tasks recorded since the last log, ``scores/<bundle>/<step id>/mean``, and
     the fraction of rollouts left unscored, ``scores/<bundle>/unscored``; in an eval's log as ``eval_scores/...``.
 
+    ``tool_failures`` counts each (tool, error) of a tool call that failed on the server, which the run's health line
+    (``train.health``) names.
+
     It writes into the log the callbacks after it see, and ``trainer.state.log_history``. transformers puts the
     ``report_to`` integrations before any callback passed in; ``agentenv_nb.train.fit`` moves this one first, so
     TensorBoard, trackio and W&B log the scores too."""
@@ -34,6 +37,7 @@ class ScoreLog(TrainerCallback):
         self._pending: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
         self._model = None
         self._lock = threading.Lock()  # environments record from the threads that play them
+        self.tool_failures: Counter[tuple[str, str]] = Counter()  # (tool, error): how often, the whole run
 
     def record(self, environment: str, scores: dict[str, float] | None) -> None:
         """One rollout's scores by step id, or None when it was left unscored; filed under the trainer's mode."""
@@ -43,6 +47,11 @@ class ScoreLog(TrainerCallback):
             pending[f"scores/{environment}/unscored"].append(float(scores is None))
             for step, score in (scores or {}).items():
                 pending[f"scores/{environment}/{step}/mean"].append(float(score))
+
+    def record_failure(self, tool: str, error: str) -> None:
+        """One failed tool call: the tool and its error, which the run's health line names."""
+        with self._lock:
+            self.tool_failures[tool, error.splitlines()[0][:200] if error else "no message"] += 1
 
     def on_init_end(self, args, state, control, model=None, **kwargs):
         self._model = model

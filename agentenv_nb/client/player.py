@@ -100,7 +100,12 @@ class Player:
         if self.episode is None:
             raise ToolFailed("no episode: TRL calls reset before any tool")
         bound = self.session.reset_bound + self.session.call_timeout
-        return self.runtime.run(self._play(self.episode, name, arguments), bound, name)
+        try:
+            return self.runtime.run(self._play(self.episode, name, arguments), bound, name)
+        except ToolFailed as e:
+            if self.runtime.metrics is not None:
+                self.runtime.metrics.record_failure(name, str(e))
+            raise
 
     def finish_soon(self) -> None:
         """Start ending the episode's open turns, if it has any and no one started to."""
