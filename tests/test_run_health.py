@@ -86,21 +86,51 @@ def test_no_spread_clipping_and_unscored_rollouts_are_each_said_once(quiz, tiny_
     assert all(entry["line"].startswith(f"health, step {entry['step']}: {entry['rule']}: ") for entry in logged)
 
 
-@pytest.mark.slow
-def test_a_failing_tool_is_said_once_with_the_tool_and_its_error(quiz, tiny_model, tmp_path):
-    """The tiny model is made to call end_turn at every turn: the second call, on an ended episode, fails."""
+@pytest.fixture(scope="module")
+def calling_run(quiz, tiny_model, tmp_path_factory):
+    """Two steps in which the tiny model is made to call end_turn at every turn: the second call, on an ended
+    episode, fails."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     call = '<tool_call>\n{"name": "end_turn", "arguments": {"response": "41"}}\n</tool_call>'
     ids = [*tokenizer.encode(call, add_special_tokens=False), tokenizer.eos_token_id]
     bias = [[ids[:1], 10.0]] + [[ids[:k], 50.0] for k in range(2, len(ids) + 1)]
-    trainer, health = train(quiz, tiny_model, tmp_path, quiz.dataset.select([0, 1, 2, 0]),
-                            per_device_train_batch_size=4, max_completion_length=6 * len(ids), max_tool_calling_iterations=2,
-                            generation_kwargs={"sequence_bias": bias})
+    out = tmp_path_factory.mktemp("calling")
+    trainer, health = train(quiz, tiny_model, out, quiz.dataset.select([0, 1, 2, 0]),
+                            per_device_train_batch_size=4, max_completion_length=6 * len(ids),
+                            max_tool_calling_iterations=2, generation_kwargs={"sequence_bias": bias})
+    return trainer, health, out
+
+
+@pytest.mark.slow
+def test_a_failing_tool_is_said_once_with_the_tool_and_its_error(calling_run):
+    trainer, health, _ = calling_run
     line = assert_said_once(health, "tool failures")
     assert "most often end_turn: the episode has ended" in line
     assert trainer.state.log_history[0]["tools/failure_frequency"] > 0.2
+
+
+@pytest.mark.slow
+def test_a_steps_best_and_worst_rollouts_show_as_transcripts_of_its_tool_calls_and_score(calling_run, capsys):
+    from agentenv_nb.notebook.transcript import best_and_worst, logged_rollouts
+    from agentenv_nb.stops import Stop
+
+    trainer, _, out = calling_run
+    step, rollouts = logged_rollouts(out)
+    assert step == 2 and len(rollouts) == 4  # the last step's: a batch of 4
+    log = next(log for log in trainer.state.log_history if log.get("step") == 1 and "reward" in log)
+    _, first = logged_rollouts(out, step=1)
+    assert sum(r["reward"] for r in first) / len(first) == pytest.approx(log["reward"])
+    tables = best_and_worst(out, step=1)
+    assert len(tables) == 2 and capsys.readouterr().out.startswith("step 1: 4 rollouts; the best scored ")
+    best = tables[0].data
+    assert best["who"].tolist()[:2] == ["system", "user"] and "Say 4" in best["message"][1]
+    assert 'end_turn(response="41")' in best["message"].tolist()
+    assert {"The episode has ended.", "error: the episode has ended"} <= set(best["message"])  # results, failed too
+    assert "reward" in tables[0].caption and "quiz/" in tables[0].caption
+    with pytest.raises(Stop, match="no rollouts logged at step 7; the steps logged: 1, 2"):
+        logged_rollouts(out, step=7)
 
 
 def drive(health: HealthCheck, logs: list[dict]) -> None:
