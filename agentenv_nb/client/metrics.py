@@ -64,6 +64,14 @@ class ScoreLog(TrainerCallback):
         with self._lock:
             self.tool_failures[tool, error.splitlines()[0][:200] if error else "no message"] += 1
 
+    def discard(self) -> None:
+        """Forget what was recorded since the last log, and the tool failures: a trial step's, which is no step."""
+        with self._lock:
+            for pending in self._pending.values():
+                pending.clear()
+            self._rollouts.clear()
+            self.tool_failures.clear()
+
     def on_init_end(self, args, state, control, model=None, **kwargs):
         self._model = model
 
