@@ -140,11 +140,13 @@ class HealthCheck(TrainerCallback):
             if rule.name in self._crossed or (value := rule.crossed(self.rows)) is None:
                 continue
             self._crossed.add(rule.name)
+            if not state.is_world_process_zero:  # the ranks of a multi-GPU run log alike: the main one says it
+                continue
             line = (f"health, step {state.global_step}: {rule.name}: "
                     + rule.says.format(value=value, optimum=self.optimum or 0.0, failure=self._failure())
                     + f". {rule.advice[0].upper()}{rule.advice[1:]}.")
             self.say(line)
-            if args is not None and state.is_world_process_zero:
+            if args is not None:
                 path = Path(args.output_dir) / "health.jsonl"
                 path.parent.mkdir(parents=True, exist_ok=True)
                 with path.open("a", encoding="utf-8") as log:
@@ -153,7 +155,7 @@ class HealthCheck(TrainerCallback):
 
     def _failure(self) -> str:
         """ ", most often <tool>: <error>" where the run's ScoreLog saw a tool fail, else nothing."""
-        failures = getattr(self.scores, "tool_failures", None)
+        failures = self.scores.tool_failures if self.scores is not None else None
         if not failures:
             return ""
         (tool, error), _ = failures.most_common(1)[0]
