@@ -46,7 +46,7 @@ class Environment:
     def reset(self, split: str, index: int, task_id: str | None = None, **row: Any) -> None:
         """Start task ``index`` of ``split`` on this environment's session and return at once: the row's prompt is
         the task's first turn. The first reset opens the session, raising when the server has no room for it."""
-        self._player.start(split, index, task_id)
+        self._player.start(split, index, task_id, prompt=row.get("prompt") or [])
 
     def get_reward(self) -> float | None:
         """The episode's reward once every turn has ended, or None, logging why, when it ended in an error; raises

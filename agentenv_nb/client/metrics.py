@@ -11,8 +11,10 @@ scores into the trainer's logs.
 
 from __future__ import annotations
 
+import json
 import threading
-from collections import defaultdict
+from collections import Counter, defaultdict
+from pathlib import Path
 from typing import Any
 
 from agentenv_nb.stack import hide_broken_torchvision
@@ -22,9 +24,17 @@ hide_broken_torchvision()  # a broken torchvision breaks every import of transfo
 from transformers import TrainerCallback  # noqa: E402
 
 
+ROLLOUTS = "rollouts"  # the folder in a run's output_dir: step-<N>.jsonl, a training rollout's transcript a line
+
+
 class ScoreLog(TrainerCallback):
     """Logs the mean of each score the tasks recorded since the last log, ``scores/<bundle>/<step id>/mean``, and
     the fraction of rollouts left unscored, ``scores/<bundle>/unscored``; in an eval's log as ``eval_scores/...``.
+
+    Each log's training rollouts, their transcripts (the prompt, each tool call and its result, the reply) and
+    scores, go to ``<output_dir>/rollouts/step-<N>.jsonl`` (``notebook.transcript.best_and_worst`` reads them).
+    ``tool_failures`` counts each (tool, error) of a tool call that failed on the server, which the run's health line
+    (``train.health``) names.
 
     It writes into the log the callbacks after it see, and ``trainer.state.log_history``. transformers puts the
     ``report_to`` integrations before any callback passed in; ``agentenv_nb.train.fit`` moves this one first, so
@@ -34,15 +44,33 @@ class ScoreLog(TrainerCallback):
         self._pending: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
         self._model = None
         self._lock = threading.Lock()  # environments record from the threads that play them
+        self.tool_failures: Counter[tuple[str, str]] = Counter()  # (tool, error): how often, the whole run
+        self._rollouts: list[dict] = []  # the training rollouts since the last log
 
-    def record(self, environment: str, scores: dict[str, float] | None) -> None:
-        """One rollout's scores by step id, or None when it was left unscored; filed under the trainer's mode."""
+    def record(self, environment: str, scores: dict[str, float] | None, rollout: dict | None = None) -> None:
+        """One rollout's scores by step id, or None when it was left unscored; filed under the trainer's mode. A
+        training rollout's transcript (``rollout``: task_id, messages, reward) goes to the step's rollouts file."""
         mode = "eval" if self._model is not None and not self._model.training else "train"
         with self._lock:
+            if rollout is not None and mode == "train":
+                self._rollouts.append(rollout)
             pending = self._pending[mode]
             pending[f"scores/{environment}/unscored"].append(float(scores is None))
             for step, score in (scores or {}).items():
                 pending[f"scores/{environment}/{step}/mean"].append(float(score))
+
+    def record_failure(self, tool: str, error: str) -> None:
+        """One failed tool call: the tool and its error, which the run's health line names."""
+        with self._lock:
+            self.tool_failures[tool, error.splitlines()[0][:200] if error else "no message"] += 1
+
+    def discard(self) -> None:
+        """Forget what was recorded since the last log, and the tool failures: a trial step's, which is no step."""
+        with self._lock:
+            for pending in self._pending.values():
+                pending.clear()
+            self._rollouts.clear()
+            self.tool_failures.clear()
 
     def on_init_end(self, args, state, control, model=None, **kwargs):
         self._model = model
@@ -58,6 +86,12 @@ class ScoreLog(TrainerCallback):
         with self._lock:
             metrics = {prefix + key: sum(values) / len(values) for key, values in self._pending[mode].items() if values}
             self._pending[mode].clear()
+            rollouts, self._rollouts = (self._rollouts, []) if mode == "train" else ([], self._rollouts)
+        if rollouts and state.is_world_process_zero:
+            folder = Path(args.output_dir) / ROLLOUTS
+            folder.mkdir(parents=True, exist_ok=True)
+            with (folder / f"step-{state.global_step:05d}.jsonl").open("a", encoding="utf-8") as file:
+                file.writelines(json.dumps(rollout, default=str) + "\n" for rollout in rollouts)
         logs.update(metrics)
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
             state.log_history[-1].update(metrics)

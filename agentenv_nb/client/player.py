@@ -74,6 +74,7 @@ class Episode:
     scores: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     reply: str | None = None
+    messages: list[dict] = field(default_factory=list)  # the prompt, each tool call and its result, the reply
 
 
 class Player:
@@ -88,21 +89,32 @@ class Player:
         self._finishing = threading.Lock()
         runtime.register(self)
 
-    def start(self, split: str, index: int, task_id: str | None) -> None:
-        """Start task ``index`` of ``split`` in the background. The first start opens the session, raising when the
-        server has no room for it."""
+    def start(self, split: str, index: int, task_id: str | None, prompt: list[dict] = ()) -> None:
+        """Start task ``index`` of ``split`` in the background; ``prompt``, the row's, begins its transcript. The
+        first start opens the session, raising when the server has no room for it."""
         if not self.session.opened:
             self.runtime.run(self._open(), len(self._urls) * self.session.reset_bound, "opening a session")
         with self._finishing:
-            self.episode, self.started_by = Episode(split, index, task_id), threading.get_ident()
+            episode = Episode(split, index, task_id, messages=[dict(message) for message in prompt])
+            self.episode, self.started_by = episode, threading.get_ident()
         self.episode.started = self.runtime.submit(self._start(self.episode))
 
     def call(self, name: str, arguments: dict[str, Any]) -> str:
         """Run one tool call, waiting for the episode's start first."""
         if self.episode is None:
             raise ToolFailed("no episode: TRL calls reset before any tool")
-        bound = self.session.reset_bound + self.session.call_timeout
-        return self.runtime.run(self._play(self.episode, name, arguments), bound, name)
+        episode, bound = self.episode, self.session.reset_bound + self.session.call_timeout
+        episode.messages.append({"role": "assistant", "tool_calls": [
+            {"type": "function", "function": {"name": name, "arguments": arguments}}]})
+        try:
+            result = self.runtime.run(self._play(episode, name, arguments), bound, name)
+        except ToolFailed as e:
+            episode.messages.append({"role": "tool", "name": name, "content": f"error: {e}"})
+            if self.runtime.metrics is not None:
+                self.runtime.metrics.record_failure(name, str(e))
+            raise
+        episode.messages.append({"role": "tool", "name": name, "content": result})
+        return result
 
     def finish_soon(self) -> None:
         """Start ending the episode's open turns, if it has any and no one started to."""
@@ -132,7 +144,9 @@ class Player:
             episode.error = episode.error or str(e)
         reward = None if episode.error else self._reward(episode)
         if self.runtime.metrics is not None:
-            self.runtime.metrics.record(self.name, None if reward is None else episode.scores)
+            self.runtime.metrics.record(self.name, None if reward is None else episode.scores, rollout={
+                "task_id": episode.task_id or f"{episode.split}/{episode.index}", "messages": episode.messages,
+                "reward": reward, "scores": episode.scores, "error": episode.error})
         if reward is None:
             logger.warning("rollout left unscored: %s", episode.error)
         return reward
@@ -141,6 +155,8 @@ class Player:
         """The model's last plain-text reply, which ends the turn it left open."""
         if self.episode is not None:
             self.episode.reply = reply
+            if reply:
+                self.episode.messages.append({"role": "assistant", "content": reply})
 
     def close(self) -> None:
         """Close the session, freeing its slot on the server."""

@@ -181,6 +181,7 @@ def _train(args, model_name: str, serving, config, state) -> None:
     from agentenv_nb.train import models
     from agentenv_nb.train.export import export_model
     from agentenv_nb.train.grpo import trainer_for
+    from agentenv_nb.train import trial
     from agentenv_nb.train.fit import fit
     from agentenv_nb.train.progress import ConsoleLivePlot
     from agentenv_nb.train.ranks import close_for_ranks, envs_for_ranks
@@ -212,6 +213,8 @@ def _train(args, model_name: str, serving, config, state) -> None:
         env.check(tokenizer)
         live = [ConsoleLivePlot()] if state.is_main_process else []  # the others' logs are the same numbers
         trainer = trainer_for(model, tokenizer, config, env, callbacks=[env.metrics, *live])  # --trainer's
+        if state.num_processes == 1:  # a trial trainer beside the run's isn't tried across ranks yet
+            print(trial.check(model, tokenizer, config, env, args.preset))  # the longest step first: fits? how long?
         fit(trainer, report_to=args.report_to)  # resumes from the last checkpoint, and never past --max-steps
         trainer.save_state()  # trainer_state.json, with every log: on the main process only
         if state.is_main_process and args.eval_days:  # as notebook 03 scores the trained model

@@ -48,6 +48,8 @@ def fit(trainer, resume_from_checkpoint: str | None = None, report_to: str | Non
     checkpoint is loaded (weights, optimizer, scheduler), not trained again, and the trainer's callbacks see its whole
     run (the live plot draws it). ``report_to`` ("tensorboard", "trackio", "wandb") adds transformers' integration
     (``tracking.track``); score metrics (``ScoreLog``) go first among the callbacks, so every integration logs them.
+    A ``HealthCheck`` is added where none was given: each signal of trouble said once, in words, with its advice
+    (the live plot's ``optimum`` baseline, where a task adapter knows it, a ceiling for the reward).
     A callback that shows its own progress (``shows_progress``, as the notebook's live plot does) replaces
     transformers' progress table.
     Returns the trainable parameter count, the minutes trained and the peak GPU memory (GiB, 0 on a CPU)."""
@@ -55,6 +57,7 @@ def fit(trainer, resume_from_checkpoint: str | None = None, report_to: str | Non
     from transformers import TrainerState
 
     from agentenv_nb.client.metrics import ScoreLog
+    from agentenv_nb.train.health import HealthCheck
     from agentenv_nb.train.tracking import track
 
     args = trainer.args
@@ -62,6 +65,11 @@ def fit(trainer, resume_from_checkpoint: str | None = None, report_to: str | Non
         track(trainer, report_to)
     callbacks = trainer.callback_handler.callbacks
     callbacks.sort(key=lambda callback: not isinstance(callback, ScoreLog))  # stable: the others keep their order
+    if not any(isinstance(callback, HealthCheck) for callback in callbacks):  # after ScoreLog and the live plot
+        scores = next((callback for callback in callbacks if isinstance(callback, ScoreLog)), None)
+        optimum = next((callback.baselines["optimum"] for callback in callbacks
+                        if "optimum" in (getattr(callback, "baselines", None) or {})), None)
+        trainer.add_callback(HealthCheck(scores=scores, optimum=optimum))
     if any(getattr(callback, "shows_progress", False) for callback in trainer.callback_handler.callbacks):
         from transformers.utils.notebook import NotebookProgressCallback
 

@@ -76,7 +76,7 @@ class Progress:
             self._printed = time.monotonic()
 
 
-def _numbers(logs: dict) -> dict[str, float]:
+def log_numbers(logs: dict) -> dict[str, float]:
     """The numeric entries of a log dict, None (TRL's all-NaN metric) as NaN."""
     return {k: math.nan if v is None else float(v) for k, v in logs.items()
             if v is None or (isinstance(v, Real) and not isinstance(v, bool))}
@@ -142,7 +142,7 @@ class LivePlot(TrainerCallback):
 
     def record(self, step: int, logs: dict) -> dict[str, float]:
         """Turn one log dict into a history row and keep it."""
-        row = {"step": step, **_numbers(logs)}
+        row = {"step": step, **log_numbers(logs)}
         if "reward" not in row and (reward := _mean_of(row, "rewards/")) is not None:
             row["reward"] = reward
         if "eval_reward" not in row and (reward := _mean_of(row, "eval_rewards/")) is not None:
