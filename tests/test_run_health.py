@@ -133,10 +133,10 @@ def test_a_steps_best_and_worst_rollouts_show_as_transcripts_of_its_tool_calls_a
         logged_rollouts(out, step=7)
 
 
-def drive(health: HealthCheck, logs: list[dict]) -> None:
-    """Feed TRL-shaped logs, a step each, through transformers' CallbackHandler."""
+def drive(health: HealthCheck, logs: list[dict], folder) -> None:
+    """Feed TRL-shaped logs, a step each, through transformers' CallbackHandler, the run's folder ``folder``."""
     handler = CallbackHandler([health], None, None, None, None)
-    args, state = TrainingArguments(output_dir="unused", report_to="none"), TrainerState()
+    args, state = TrainingArguments(output_dir=str(folder), report_to="none"), TrainerState()
     for step, log in enumerate(logs, start=1):
         state.global_step = step
         handler.on_log(args, state, TrainerControl(), dict(log))
@@ -158,15 +158,15 @@ HEALTHY = {"loss": 0.01, "reward": 0.5, "frac_reward_zero_std": 0.25, "completio
     ("above the optimum", [HEALTHY, {**HEALTHY, "reward": 1.2}, {**HEALTHY, "reward": 1.3}],
      "above the task's known optimum 1.000"),
 ], ids=["eval", "length", "tools", "optimum"])
-def test_trends_are_said_once_when_crossed(rule, logs, words, capsys):
+def test_trends_are_said_once_when_crossed(rule, logs, words, capsys, tmp_path):
     health = HealthCheck(optimum=1.0)  # GridSim's: its exact optimum scores 1.0 on every day
-    drive(health, logs)
+    drive(health, logs, tmp_path)
     line = assert_said_once(health, rule)
     assert words in line and len(health.said) == 1
     assert capsys.readouterr().out.splitlines() == [line]  # printed outside a notebook
 
 
-def test_healthy_logs_and_a_run_without_an_optimum_say_nothing():
+def test_healthy_logs_and_a_run_without_an_optimum_say_nothing(tmp_path):
     health = HealthCheck()
-    drive(health, [HEALTHY, {"eval_reward": 0.5}, {**HEALTHY, "reward": 1.5}, {"eval_reward": 0.55}, HEALTHY])
+    drive(health, [HEALTHY, {"eval_reward": 0.5}, {**HEALTHY, "reward": 1.5}, {"eval_reward": 0.55}, HEALTHY], tmp_path)
     assert health.said == []
