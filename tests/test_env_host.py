@@ -93,7 +93,7 @@ def test_a_grpo_step_through_agentenv_url(env_host, tmp_path):
         bare = copy.copy(tokenizer)
         bare.chat_template = None
         [row] = check_tools(env, bare)
-        assert row["status"] == "fail" and "no chat template" in row["detail"] and "qwen3_chat_template" in row["fix"]
+        assert row["status"] == "fail" and "no chat template" in row["detail"] and "use_tool_template" in row["fix"]
         assert capacity_warning(config, 8) is None  # 8 rollouts a step, 8 sessions served
         trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=config, train_dataset=env.dataset,
                               environment_factory=env.factory)

@@ -86,7 +86,7 @@ class Guard:
                 text = _ENV_URL.sub("the env's server", message["text"])  # its URL holds the episode's secret
                 if '"error"' in text and _LOST.search(text):  # its env may have died this instant: say which
                     await _reported(resets.watching)
-                    text = _SAYS_NOTHING.sub(r'\1, with no message (the env\'s server went away)"', text)
+                    text = _SAYS_NOTHING.sub(lambda m: f"{m[1]}, with no message (the env's server went away)\"", text)
                 message = {**message, "text": deaths.amended(text, resets.watching.reports)}
             elif message["type"] == "websocket.close" and resets.ended and resets.under_way:
                 await send(resets.error_frame())
