@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from .test_tiny_trl import Adder, _question, _sft_rows, one_thread  # noqa: F401 (a fixture)
+from .test_tiny_trl import Adder, _question, _sft_rows, grpo_step_calls_the_tool, one_thread  # noqa: F401
 
 from agentenv_nb.stack import import_unsloth
 from agentenv_nb.train import presets
@@ -22,7 +22,7 @@ def test_a_model_trl_does_not_know_learns_a_call_trl_parses_and_trains_a_grpo_st
     import_unsloth()
     from datasets import Dataset
     from transformers.utils import get_json_schema
-    from trl import GRPOTrainer, SFTTrainer
+    from trl import SFTTrainer
     from trl.chat_template_utils import parse_response
 
     from agentenv_nb.client.checks import template_problems
@@ -55,13 +55,5 @@ def test_a_model_trl_does_not_know_learns_a_call_trl_parses_and_trains_a_grpo_st
     model, tokenizer = load_model(merged, "cpu-tiny", "grpo")  # LoRA; the template and its parser came along
     assert "using one built" not in capsys.readouterr().out
     rng = random.Random(1)
-    tasks = Dataset.from_list([{"prompt": _question(a, b), "a": a, "b": b}
-                               for a, b in ((rng.randrange(10), rng.randrange(10)) for _ in range(8))])
-    trainer = GRPOTrainer(model=model, processing_class=tokenizer, environment_factory=Adder, train_dataset=tasks,
-                          args=presets.grpo_config("cpu-tiny", output_dir=str(tmp_path / "grpo"), max_steps=1,
-                                                    eval_strategy="no", eval_on_start=False))
-    lora = {name: p.detach().clone() for name, p in model.named_parameters() if "lora_" in name}
-    trainer.train()
-    [step] = [log for log in trainer.state.log_history if "tools/call_frequency" in log]
-    assert step["tools/call_frequency"] > 0
-    assert any(not p.equal(lora[name]) for name, p in model.named_parameters() if "lora_" in name)
+    grpo_step_calls_the_tool(model, tokenizer, [(rng.randrange(10), rng.randrange(10)) for _ in range(8)],
+                             tmp_path / "grpo")

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from .test_tiny_trl import Adder, _question  # the same one-tool task, in Qwen3.5's format here
+from .test_tiny_trl import Adder, _question, grpo_step_calls_the_tool  # the one-tool task, in Qwen3.5's format
 
 from agentenv_nb.stack import import_unsloth
 from agentenv_nb.train import presets
@@ -19,7 +19,7 @@ def test_a_qwen3_5_model_calls_tools_trl_parses_and_trains_a_grpo_step(tmp_path)
     import torch
     from datasets import Dataset
     from transformers.utils import get_json_schema
-    from trl import GRPOTrainer, SFTTrainer
+    from trl import SFTTrainer
     from trl.chat_template_utils import add_response_schema, parse_response
     from unsloth import FastLanguageModel
 
@@ -58,12 +58,4 @@ def test_a_qwen3_5_model_calls_tools_trl_parses_and_trains_a_grpo_step(tmp_path)
     tokenizer.save_pretrained(tmp_path / "sft")
     model, tokenizer = FastLanguageModel.from_pretrained(**presets.model_kwargs("cpu-tiny", str(tmp_path / "sft")))
     model = FastLanguageModel.get_peft_model(model, **presets.peft_kwargs("cpu-tiny"))
-    tasks = Dataset.from_list([{"prompt": _question(a, b), "a": a, "b": b} for a, b in [(1, 2), (4, 4), (9, 0)] * 4])
-    trainer = GRPOTrainer(model=model, processing_class=tokenizer, environment_factory=Adder, train_dataset=tasks,
-                          args=presets.grpo_config("cpu-tiny", output_dir=str(tmp_path / "grpo"), max_steps=1,
-                                                    eval_strategy="no", eval_on_start=False))
-    lora = {name: p.detach().clone() for name, p in model.named_parameters() if "lora_" in name}
-    trainer.train()
-    [step] = [log for log in trainer.state.log_history if "tools/call_frequency" in log]
-    assert step["tools/call_frequency"] > 0  # sampled at the preset's temperature, some calls may miss
-    assert any(not p.equal(lora[name]) for name, p in model.named_parameters() if "lora_" in name)
+    grpo_step_calls_the_tool(model, tokenizer, [(1, 2), (4, 4), (9, 0)] * 4, tmp_path / "grpo")

@@ -75,6 +75,22 @@ def _first_tool_call(model, tokenizer, tool: dict) -> dict:
     return parse_response(tokenizer, out[0, len(prompt_ids):].tolist(), prefix=prompt_ids)
 
 
+def grpo_step_calls_the_tool(model, tokenizer, pairs, out) -> None:
+    """One GRPO step of the cpu-tiny preset on the Adder task over ``pairs``: it calls the tool and moves the LoRA."""
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    trainer = GRPOTrainer(model=model, processing_class=tokenizer, environment_factory=Adder,
+                          train_dataset=Dataset.from_list(_task_rows(pairs)),
+                          args=presets.grpo_config("cpu-tiny", output_dir=str(out), max_steps=1, eval_strategy="no",
+                                                    eval_on_start=False))
+    lora = {name: p.detach().clone() for name, p in model.named_parameters() if "lora_" in name}
+    trainer.train()
+    [step] = [log for log in trainer.state.log_history if "tools/call_frequency" in log]
+    assert step["tools/call_frequency"] > 0  # sampled at the preset's temperature, some calls may miss
+    assert any(not p.equal(lora[name]) for name, p in model.named_parameters() if "lora_" in name)
+
+
 @pytest.fixture
 def one_thread():
     """One torch thread: on a 2-core machine shared with other work, two spinning OpenMP threads made SFT
