@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentenv_nb.host.stacks import STACKS
-
 PREFIX = "AGENTENV_NB_"
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -114,7 +112,7 @@ SETTINGS = {setting.name: setting for setting in (
     Setting("gpu_memory_gb", None, float, "GB of GPU memory a training run may use, vLLM included (unset: the whole "
             "card, or what torch.cuda.set_per_process_memory_fraction allows)", low=1, high=100_000),
     Setting("stack", None, str, "the known package set the set-up step installs and preflight checks (unset: the one "
-            "that fits this host)", choices=tuple(STACKS)),
+            "that fits this host)"),
     Setting("precision", None, str, "the precision a GPU preset trains in (unset: bf16 where the card computes in it, "
             "else fp16, as on a T4)", choices=("bf16", "fp16", "fp32")),
     Setting("vllm_weights", None, str, "the weights vLLM generates from and LoRA trains on where a preset lets the "

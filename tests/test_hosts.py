@@ -7,6 +7,7 @@ branch runs, each GPU's compute capability and memory as nvidia-smi reports them
 """
 
 import dataclasses
+import os
 import subprocess
 import sys
 import time
@@ -245,3 +246,12 @@ def test_a_vllm_built_for_another_cuda_imports_but_is_found_broken(tmp_path):
     assert status == "warn", done.stderr[-2000:]
     assert detail.startswith("vllm 0.29.0 doesn't load here (ImportError: libcudart.so.99: cannot open shared object")
     assert "transformers' generate instead" in detail and "python -m agentenv_nb.host" in fix
+
+
+def test_a_stack_setting_that_names_no_known_set_is_refused_in_one_line():
+    env = {**os.environ, "AGENTENV_NB_STACK": "cuda11"}
+    done = subprocess.run([sys.executable, "-m", "agentenv_nb.host", "--dry-run"], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 2 and done.stdout == ""
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("python -m agentenv_nb.host: AGENTENV_NB_STACK='cuda11' isn't one of cuda13, cuda12, runtime")

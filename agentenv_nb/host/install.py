@@ -15,6 +15,7 @@ import sys
 from agentenv_nb.host.plan import Plan, plan_for, plan_here, runs_on_driver
 from agentenv_nb.host.probe import version_text
 from agentenv_nb.host.stacks import STACKS, installed, missing
+from agentenv_nb.settings import SettingError
 
 RESTART = "restart the runtime (Colab: Runtime -> Restart session), then run the notebook from the top"
 
@@ -89,7 +90,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dry-run", action="store_true", help="say what would be installed, install nothing")
     parser.add_argument("--stack", choices=sorted(STACKS), help="install this known set instead of the host's")
     args = parser.parse_args(argv)
-    plan = plan_here()
+    try:
+        plan = plan_here()
+    except SettingError as error:
+        parser.exit(2, f"{parser.prog}: {error}\n")
     if args.stack:
         import dataclasses
 

@@ -109,6 +109,9 @@ def plan_here() -> Plan:
     name = settings.get("stack")
     if not name or (plan.stack is not None and plan.stack.name == name):
         return plan
+    if name not in STACKS:
+        raise settings.SettingError(f"{settings.SETTINGS['stack'].variable}={name!r} isn't one of "
+                                    f"{', '.join(STACKS)} ({settings.SETTINGS['stack'].what})")
     stack = STACKS[name]
     return dataclasses.replace(plan, stack=stack, engine=plan.engine if stack.vllm else "generate",
                                why="AGENTENV_NB_STACK names it", fix="")
