@@ -6,7 +6,6 @@ The hosts are given as their probes would read them (Colab and Kaggle can't exis
 branch runs, each GPU's compute capability and memory as nvidia-smi reports them, and the runtime's own torch.
 """
 
-import dataclasses
 import os
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import time
 import pytest
 
 from agentenv_nb.host.install import commands, refusal, set_up
-from agentenv_nb.host.plan import plan_for, plan_here
+from agentenv_nb.host.plan import plan_for, plan_here, with_stack
 from agentenv_nb.host.probe import Host, cuda_of_driver, read_host
 from agentenv_nb.host.stacks import STACKS
 from agentenv_nb.notebook import preflight as pf
@@ -124,13 +123,14 @@ def test_the_cuda12_set_swaps_torch_and_vllm_and_keeps_every_other_pin():
 
 def test_a_set_whose_torch_the_driver_cant_run_is_refused_before_anything_installs(capsys):
     """A user on a CUDA-12 Colab naming the pinned CUDA-13 set would get a multi-gigabyte install and no GPU."""
-    plan = dataclasses.replace(plan_for(host("colab-l4")), stack=STACKS["cuda13"])
+    plan = with_stack(plan_for(host("colab-l4")), STACKS["cuda13"], "--stack cuda13 names it")
     assert refusal(plan) and set_up(plan) == 1
     out = capsys.readouterr().out.splitlines()[-1]
     assert out == ("agentenv_nb: the 'cuda13' set's torch is a CUDA 13.0 build, and this driver (550.54.15) runs CUDA "
                    "12.4 at most: installed, it would leave no GPU. Run the set-up without --stack; it picks 'cuda12' "
                    "here")
-    assert refusal(dataclasses.replace(plan_for(host("h100-cuda13")), stack=STACKS["cuda12"])) is None
+    assert refusal(with_stack(plan_for(host("h100-cuda13")), STACKS["cuda12"], "--stack cuda12")) is None
+    assert with_stack(plan_for(host("h100-cuda13")), STACKS["runtime"], "named").engine == "generate"
 
 
 def test_the_set_up_step_here_reads_this_host_and_has_nothing_to_do():

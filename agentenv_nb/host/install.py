@@ -12,7 +12,7 @@ import argparse
 import subprocess
 import sys
 
-from agentenv_nb.host.plan import Plan, plan_for, plan_here, runs_on_driver
+from agentenv_nb.host.plan import Plan, plan_for, plan_here, runs_on_driver, with_stack
 from agentenv_nb.host.probe import version_text
 from agentenv_nb.host.stacks import STACKS, installed, missing
 from agentenv_nb.settings import SettingError
@@ -95,7 +95,5 @@ def main(argv: list[str] | None = None) -> None:
     except SettingError as error:
         parser.exit(2, f"{parser.prog}: {error}\n")
     if args.stack:
-        import dataclasses
-
-        plan = dataclasses.replace(plan, stack=STACKS[args.stack], why=f"--stack {args.stack} names it")
+        plan = with_stack(plan, STACKS[args.stack], f"--stack {args.stack} names it")
     sys.exit(set_up(plan, args.dry_run))

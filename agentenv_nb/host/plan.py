@@ -112,9 +112,12 @@ def plan_here() -> Plan:
     if name not in STACKS:
         raise settings.SettingError(f"{settings.SETTINGS['stack'].variable}={name!r} isn't one of "
                                     f"{', '.join(STACKS)} ({settings.SETTINGS['stack'].what})")
-    stack = STACKS[name]
-    return dataclasses.replace(plan, stack=stack, engine=plan.engine if stack.vllm else "generate",
-                               why="AGENTENV_NB_STACK names it", fix="")
+    return with_stack(plan, STACKS[name], "AGENTENV_NB_STACK names it")
+
+
+def with_stack(plan: Plan, stack: Stack, why: str) -> Plan:
+    """``plan`` installing ``stack`` instead, as a user names it; generating on vLLM only where that set has it."""
+    return dataclasses.replace(plan, stack=stack, engine=plan.engine if stack.vllm else "generate", why=why, fix="")
 
 
 def plan_for(host: Host) -> Plan:
