@@ -131,6 +131,9 @@ def test_a_set_whose_torch_the_driver_cant_run_is_refused_before_anything_instal
                    "here")
     assert refusal(with_stack(plan_for(host("h100-cuda13")), STACKS["cuda12"], "--stack cuda12")) is None
     assert with_stack(plan_for(host("h100-cuda13")), STACKS["runtime"], "named").engine == "generate"
+    named_on_an_old_driver = with_stack(plan_for(host("old-driver")), STACKS["cuda12"], "--stack cuda12")
+    assert refusal(named_on_an_old_driver).endswith("update the NVIDIA driver to the 525 branch or newer (580+ for the "
+                                                    "CUDA-13 set); on a notebook host, pick another GPU runtime")
 
 
 def test_the_set_up_step_here_reads_this_host_and_has_nothing_to_do():

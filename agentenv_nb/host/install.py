@@ -13,8 +13,8 @@ import subprocess
 import sys
 
 from agentenv_nb.host.plan import Plan, plan_for, plan_here, runs_on_driver, with_stack
-from agentenv_nb.host.probe import version_text
-from agentenv_nb.host.stacks import STACKS, installed, missing
+from agentenv_nb.host.probe import installed, version_text
+from agentenv_nb.host.stacks import STACKS, missing
 from agentenv_nb.settings import SettingError
 
 RESTART = "restart the runtime (Colab: Runtime -> Restart session), then run the notebook from the top"
@@ -47,9 +47,12 @@ def refusal(plan: Plan) -> str | None:
     stack, host = plan.stack, plan.host
     if stack is None or not host.gpus or runs_on_driver(stack.cuda, host.driver_cuda):
         return None
+    fitting = plan_for(host)
+    instead = (f"Run the set-up without --stack; it picks '{fitting.stack.name}' here" if fitting.stack else
+               fitting.fix)
     return (f"agentenv_nb: the '{stack.name}' set's torch is a CUDA {version_text(stack.cuda)} build, and this driver "
             f"({host.driver}) runs CUDA {version_text(host.driver_cuda)} at most: installed, it would leave no GPU. "
-            f"Run the set-up without --stack; it picks '{plan_for(host).stack.name}' here")
+            f"{instead}")
 
 
 def set_up(plan: Plan, dry_run: bool = False, python: str = sys.executable) -> int:

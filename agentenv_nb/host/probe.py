@@ -1,5 +1,5 @@
 """What this machine is, read once without importing torch: the notebook host, the NVIDIA driver and the CUDA it runs,
-each GPU's name, compute capability and memory, the runtime's own torch and the CUDA it was built for, and vLLM.
+each GPU's name, compute capability and memory, the runtime's own torch and the CUDA it was built for.
 
     host = read_host()          # nvidia-smi, the environment, installed packages' files
     host = Host.from_dict({...})  # what a host's probes would read, as the tests give Colab's T4 or an H200
@@ -49,7 +49,6 @@ class Host:
     gpus: tuple[Gpu, ...] = ()
     torch: str | None = None  # the runtime's installed torch, e.g. "2.11.0+cu128"; None: none
     torch_cuda: tuple[int, int] | None = None  # the CUDA that torch was built for; None: a CPU build
-    vllm: str | None = None  # the installed vLLM's version
 
     @property
     def gpu(self) -> Gpu | None:
@@ -63,7 +62,7 @@ class Host:
                    driver_cuda=_version(seen.get("driver_cuda")) or cuda_of_driver(seen.get("driver")),
                    gpus=tuple(Gpu(name, _version(capability), float(memory)) for name, capability, memory in
                               seen.get("gpus", ())),
-                   torch=seen.get("torch"), torch_cuda=_version(seen.get("torch_cuda")), vllm=seen.get("vllm"))
+                   torch=seen.get("torch"), torch_cuda=_version(seen.get("torch_cuda")))
 
     def describe(self) -> str:
         """The host in a few words: "Colab, Tesla T4 (7.5, 15.0 GB), driver 550.54.15 (CUDA 12.4), torch 2.11.0"."""
@@ -125,12 +124,19 @@ def read_gpus() -> tuple[str | None, tuple[int, int] | None, tuple[Gpu, ...]]:
     return driver, _version(said[1]) if said else cuda_of_driver(driver), tuple(gpus)
 
 
+def installed(name: str) -> str | None:
+    """The installed version of distribution ``name``, or None."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def torch_build() -> tuple[str | None, tuple[int, int] | None]:
     """The installed torch's version and the CUDA it was built for, read from its files: importing torch would load
     the very libraries a set-up may be about to replace."""
-    try:
-        version = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
+    version = installed("torch")
+    if version is None:
         return None, None
     spec = importlib.util.find_spec("torch")
     built = Path(spec.origin).with_name("version.py") if spec and spec.origin else None
@@ -139,16 +145,9 @@ def torch_build() -> tuple[str | None, tuple[int, int] | None]:
     return version, _version(cuda[1]) if cuda else None
 
 
-def _installed(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 @functools.cache
 def read_host() -> Host:
     """This machine, read once a process."""
     driver, cuda, gpus = read_gpus()
     torch, torch_cuda = torch_build()
-    return Host(notebook_host(), driver, cuda, gpus, torch, torch_cuda, _installed("vllm"))
+    return Host(notebook_host(), driver, cuda, gpus, torch, torch_cuda)

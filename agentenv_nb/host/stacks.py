@@ -13,8 +13,9 @@ drivers too. vLLM's wheels on PyPI are CUDA-13 builds from 0.20.0 on, by its rel
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 from pathlib import Path
+
+from agentenv_nb.host.probe import installed
 
 REQUIREMENTS = Path(__file__).resolve().parents[2] / "requirements-gpu.txt"
 KEEP = "keep"  # a set's torch: the runtime's own, left as it is
@@ -87,13 +88,6 @@ STACKS = {stack.name: stack for stack in (
     Stack("cpu", None, changes={"vllm": None, "vllm-bnb-plugin": None}, minutes=3,
           torch_index="https://download.pytorch.org/whl/cpu"),
 )}
-
-
-def installed(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def missing(stack: Stack, keep_torch: str | None = None) -> list[str]:

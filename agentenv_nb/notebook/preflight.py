@@ -29,9 +29,8 @@ from agentenv_nb import settings
 from agentenv_nb.client.agentenv import describe_server
 from agentenv_nb.envs.choice import MODAL
 from agentenv_nb.envs.modal_credentials import MODAL_HOW_TO, find_modal_credentials
-from agentenv_nb.host import stacks
 from agentenv_nb.host.plan import plan_for, plan_here, preset_for, runs_on_driver
-from agentenv_nb.host.probe import Host, version_text
+from agentenv_nb.host.probe import Host, installed, version_text
 from agentenv_nb.stack import vllm_load_problem
 from agentenv_nb.train import earlier_steps
 from agentenv_nb.train.export import hub_problem
@@ -163,12 +162,12 @@ def check_versions(preset: Preset | str, host: Host | None = None) -> list[dict]
         name = canonicalize_name(pin.name)
         if cpu and name not in CPU_PINS:
             continue
-        installed = stacks.installed(pin.name)
-        if installed is not None and pin.specifier.contains(installed, prereleases=True):
+        version = installed(pin.name)
+        if version is not None and pin.specifier.contains(version, prereleases=True):
             matched += 1
             continue
         status = "fail" if name in TRAINER_STACK else "warn"
-        seen = f"{pin.name} {installed}, " if installed else f"{pin.name} is not installed; "
+        seen = f"{pin.name} {version}, " if version else f"{pin.name} is not installed; "
         rows.append(_row(f"version {pin.name}", status, f"{seen}the '{plan.stack.name}' set pins {pin}",
                          f"{SET_UP}, {RESTART}"))
     scope = " (on the CPU only trl, transformers and unsloth matter; the other pins are the GPU stack's)" if cpu else ""
