@@ -109,6 +109,7 @@ def test_a_notebook_run_before_the_one_it_needs_says_which_in_one_line(tmp_path,
         failed = demo(out, "--only", number)
         assert failed.returncode == 1 and "Traceback" not in failed.stderr, failed.stderr
         assert not re.search(r"\x1b\[", failed.stderr), failed.stderr  # no colour codes
+        assert len(failed.stderr.splitlines()) == 1, failed.stderr  # what else was said, where it isn't one line
         [line] = failed.stderr.splitlines()
         assert line.startswith(f"python -m agentenv_nb.demo: {number}_") and needs in line, line
         cell = r"failed at cell \d+ of \d+, In \[\d+\] \((warm_start = )?need_(warm_start|grpo_logs)\(RUN_DIR"
