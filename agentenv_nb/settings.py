@@ -92,9 +92,9 @@ SETTINGS = {setting.name: setting for setting in (
     Setting("env_start_timeout", 60.0, float, "seconds an env process has to serve its card", 0.001, _HOUR),
     Setting("work_dir", "/var/tmp/agentenv-nb", str, "where env images are unpacked and env processes get folders: "
             "an absolute path, private to this user", problem=_work_dir_problem),
-    Setting("host", "127.0.0.1", str, "the address `python -m agentenv_nb.serve` listens on (beyond loopback, a "
+    Setting("host", "127.0.0.1", str, "the address `python -m agentenv_nb.envs.serve` listens on (beyond loopback, a "
             "token is required)", problem=_host_problem),
-    Setting("port", 8000, int, "the port `python -m agentenv_nb.serve` listens on (0: any free one)", 0, 65535),
+    Setting("port", 8000, int, "the port `python -m agentenv_nb.envs.serve` listens on (0: any free one)", 0, 65535),
     Setting("sandbox", None, str, "where envs run: process, modal, local (Docker); unset: chosen for the bundle"),
     Setting("max_concurrent_envs", 8, int, "sessions a server plays at once: one per rollout in flight", 1, 4096),
     Setting("token", None, str, "the access token a server requires and a client sends (the serve command makes "

@@ -19,7 +19,7 @@ import time
 from agentenv_nb import AgentEnv
 from agentenv_nb.tasks.gridsim import write_bundle
 from agentenv_nb.tasks.gridsim.adapter import play_optimum
-from agentenv_nb.train import demos
+from agentenv_nb.train.warm_start import demos
 
 
 def main() -> None:

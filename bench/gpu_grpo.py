@@ -14,10 +14,10 @@ Each variant runs in a process of its own (its own model and vLLM engine, its ow
 ``--budget-s`` (plus ``--setup-s`` to load) is recorded with its exact error and the others still run. Variants, with
 the preset's GRPO settings (32 rollouts a step, 1024 completion tokens), eval off, on one GridSim bundle: ``kit``,
 notebook 03's path (``AgentEnv.local``, process sandbox, 64 sessions over ``--server-processes`` server processes;
-``models.load_model``; ``presets.grpo_config``; Unsloth's GRPOTrainer with ``env.factory``, ``env.reward_funcs``,
+``loading.load_model``; ``presets.grpo_config``; Unsloth's GRPOTrainer with ``env.factory``, ``env.reward_funcs``,
 ``env.metrics``, the console live plot) with vLLM's weights the preset's choice for the card; ``kit-4bit``, ``kit-fp8``
 and ``kit-16bit``, the same in 4-bit (the recipe's), fp8 and 16-bit (``Preset.vllm_weights``); ``kit-async``, the
-preset's own weights through ``train.grpo.async_grpo_trainer``, Unsloth's AsyncGRPOTrainer, whose generation overlaps
+preset's own weights through ``train.grpo.trainer.async_grpo_trainer``, Unsloth's AsyncGRPOTrainer, whose generation overlaps
 the update; ``bare``, Unsloth's GRPOTrainer with the in-process ``ToyGridSim`` and the recipe's 4-bit, the floor the kit
 adds to; ``trl``, stock TRL with bitsandbytes 4-bit (bf16 for "16bit") and a PEFT LoRA on ToyGridSim, what a user would
 pick instead. A step splits into generation (``generate`` calls, and of their time vLLM's engine steps, their count and
@@ -304,13 +304,14 @@ def variant_preset(args):
 
 
 def load(model: str, preset, overrides: str):
-    """The preset's model with LoRA, as ``models.load_model`` gives it (``overrides``: JSON of from_pretrained
+    """The preset's model with LoRA, as ``loading.load_model`` gives it (``overrides``: JSON of from_pretrained
     arguments over the preset's), and those arguments."""
-    from agentenv_nb.train import models, presets
+    from agentenv_nb.train import presets
+    from agentenv_nb.train.model import loading
     kwargs = {**presets.model_kwargs(preset, model), **json.loads(overrides)}
     shown = {k: v if isinstance(v, (int, float, str, bool, type(None))) else str(v) for k, v in kwargs.items()}
     if not json.loads(overrides):
-        return (*models.load_model(model, preset), shown)
+        return (*loading.load_model(model, preset), shown)
     from unsloth import FastLanguageModel
     loaded, tokenizer = FastLanguageModel.from_pretrained(**kwargs)
     return FastLanguageModel.get_peft_model(loaded, **presets.peft_kwargs(preset)), tokenizer, shown
@@ -318,9 +319,9 @@ def load(model: str, preset, overrides: str):
 
 def run_kit(args, timer: StepTimer, result: dict) -> None:
     from agentenv_nb import AgentEnv
-    from agentenv_nb.train.grpo import GRPOTrainer
+    from agentenv_nb.train.grpo.trainer import GRPOTrainer
     from agentenv_nb.train import presets
-    from agentenv_nb.notebook.live import live_plot
+    from agentenv_nb.train.live import live_plot
     with AgentEnv.local(args.bundle, split="train", sandbox="process", max_concurrent_envs=64,
                         processes=args.server_processes) as env:
         model, tokenizer, result["model_kwargs"] = load(args.model, variant_preset(args), json.dumps(args.load))
@@ -329,13 +330,13 @@ def run_kit(args, timer: StepTimer, result: dict) -> None:
         train(GRPOTrainer(model=model, processing_class=tokenizer, args=config, train_dataset=env.dataset,
                           environment_factory=timed_class(env.factory, timer.env), reward_funcs=env.reward_funcs,
                           callbacks=[env.metrics, live_plot("console"), timer]), timer, result)
-        for concurrent in (False, True):  # TRL's loop, then agentenv_nb.train.grpo's concurrent tool calls
+        for concurrent in (False, True):  # TRL's loop, then agentenv_nb.train.grpo.trainer's concurrent tool calls
             result.update(expert_step.expert_step(env.factory, env.dataset.to_list(), result["rollouts_per_step"],
                                                   config.generation_batch_size, concurrent))
 
 
 def run_kit_async(args, timer: StepTimer, result: dict) -> None:
-    """Unsloth's AsyncGRPOTrainer through ``train.grpo.async_grpo_trainer``, the preset's settings it takes: its
+    """Unsloth's AsyncGRPOTrainer through ``train.grpo.trainer.async_grpo_trainer``, the preset's settings it takes: its
     rollout process plays ``env.factory`` pickled, on the same servers as ``kit``."""
     import dataclasses
 
@@ -343,7 +344,7 @@ def run_kit_async(args, timer: StepTimer, result: dict) -> None:
 
     from agentenv_nb import AgentEnv
     from agentenv_nb.train import presets
-    from agentenv_nb.train.grpo import async_grpo_trainer
+    from agentenv_nb.train.grpo.trainer import async_grpo_trainer
     taken = {field.name for field in dataclasses.fields(AsyncGRPOConfig)}
     result["settings_not_taken"] = sorted(set(args.overrides) - taken)  # e.g. steps_per_generation
     with AgentEnv.local(args.bundle, split="train", sandbox="process", max_concurrent_envs=64,
@@ -573,7 +574,7 @@ def table(results: list[dict]) -> str:
     goals = [("kit step / bare Unsloth step (x)", ratio, 1.05 if vllm else 1.1),
              ("kit env time (% of a step)", kit.get("env_pct"), 5),
              ("kit env time with the expert's 3 tool calls a rollout (% of a step)", kit.get("env_tools_pct"), 5),
-             ("the same, the tool calls run concurrently (agentenv_nb.train.grpo) (% of a step)",
+             ("the same, the tool calls run concurrently (agentenv_nb.train.grpo.trainer) (% of a step)",
               kit.get("env_tools_concurrent_pct"), 5),
              ("kit peak reserved (GiB)", kit.get("peak_reserved_gib"), 16)]
     if vllm and whole_process_gib(kit):  # the whole process, vLLM's share included, within the card it stands for
@@ -587,7 +588,7 @@ def table(results: list[dict]) -> str:
 
 def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", help="the model folder (the random Qwen3-4B-shaped one: train.tiny.build_random_qwen3_4b)")
+    parser.add_argument("--model", help="the model folder (the random Qwen3-4B-shaped one: train.model.tiny.build_random_qwen3_4b)")
     parser.add_argument("--preset", default="24gb", choices=("24gb", "16bit", "cpu-tiny"),
                         help="the preset every variant trains with; the variant names vLLM's weights")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of " + ", ".join(VARIANTS))
@@ -665,7 +666,7 @@ def main(argv=None) -> dict | None:
     if not args.variant:
         args.work = tempfile.mkdtemp(prefix="gpu_grpo.")
         if args.smoke:
-            from agentenv_nb.train.tiny import build_tiny_model
+            from agentenv_nb.train.model.tiny import build_tiny_model
             args.model = build_tiny_model(Path(args.work) / "tiny")
         args.bundle = str(write_bundle(Path(args.work) / "gridsim", train=64, eval=4))
     args.overrides = {"output_dir": str(Path(args.work) / f"grpo-{args.variant}"), "max_steps": args.steps,

@@ -8,7 +8,7 @@ Usage::
     python3 bench/gpu_scale.py --model MODEL --gpus 1,2 --steps 3   # both in one call, where its time allows
     python3 bench/gpu_scale.py --smoke                               # CPU plumbing: tiny model, cpu-tiny, gloo ranks
 
-``MODEL``: a model folder, the random Qwen3-4B-shaped one (``train.tiny.build_random_qwen3_4b``), whose completions
+``MODEL``: a model folder, the random Qwen3-4B-shaped one (``train.model.tiny.build_random_qwen3_4b``), whose completions
 all run to the preset's 1024 tokens: generation at its heaviest. Each launch trains ``--steps`` steps of the preset
 (each rank: 32 rollouts a step, 1024 completion tokens, eval at the start, a checkpoint a step) on one GridSim bundle
 served by rank 0 for every rank (``--server-processes`` processes), stopped after ``--timeout-s``. From each run's
@@ -44,8 +44,10 @@ def worker(argv: list[str]) -> int:
     import torch
     from gpu_grpo import DevicePeak
 
-    from agentenv_nb.train import command, presets, vllm_sizing
-    from agentenv_nb.train.vllm_sizing import this_gpu
+    from agentenv_nb.train import presets
+    from agentenv_nb.train.grpo import command
+    from agentenv_nb.train.model import vllm_sizing
+    from agentenv_nb.train.model.vllm_sizing import this_gpu
 
     args = command.parser().parse_args(argv)
     kwargs = presets.grpo_kwargs(args.preset, **dict(args.overrides))
@@ -57,7 +59,7 @@ def worker(argv: list[str]) -> int:
               "vllm": vllm, "rank_rollouts_per_step": kwargs["per_device_train_batch_size"] * kwargs[
                   "gradient_accumulation_steps"], "peak_reserved_gib": None, "peak_alloc_gib": None,
               "device_peak_gb": None}
-    if cuda and vllm:  # what models.load_model gives Unsloth's vLLM on this rank's GPU, of its card and cap
+    if cuda and vllm:  # what loading.load_model gives Unsloth's vLLM on this rank's GPU, of its card and cap
         report["vllm_gpu_memory_utilization"] = presets.model_kwargs(args.preset, args.warm_start)[
             "gpu_memory_utilization"]
         card, allowed = vllm_sizing.gpu_memory()
@@ -155,7 +157,7 @@ def table(results: list[dict], cap_gb: float | None = None) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="the model folder (the random Qwen3-4B-shaped one: train.tiny.build_random_qwen3_4b)")
+    parser.add_argument("--model", help="the model folder (the random Qwen3-4B-shaped one: train.model.tiny.build_random_qwen3_4b)")
     parser.add_argument("--gpus", default="1,2", help="comma-separated GPU counts, launched in turn")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--preset", default="24gb", choices=("24gb", "16bit", "cpu-tiny"))
@@ -170,7 +172,7 @@ def main(argv=None) -> None:
 
     Path(args.work).mkdir(parents=True, exist_ok=True)
     if args.smoke:
-        from agentenv_nb.train.tiny import build_tiny_model
+        from agentenv_nb.train.model.tiny import build_tiny_model
 
         args.model = build_tiny_model(Path(args.work) / "tiny")
         args.preset, args.steps, args.cap_gb, args.server_processes = "cpu-tiny", 2, None, 0

@@ -67,7 +67,7 @@ print({n: version(n) for n in ("torch", "vllm", "vllm-bnb-plugin", "unsloth", "t
 print(torch.cuda.get_device_name(), "cuDNN", torch.backends.cudnn.version())
 EOF
 q4b() {  # the random Qwen3-4B shape, built on the GPU
-  python3 -c "import sys; from agentenv_nb.train.tiny import build_random_qwen3_4b as b; b(sys.argv[1], device='cuda')" \
+  python3 -c "import sys; from agentenv_nb.train.model.tiny import build_random_qwen3_4b as b; b(sys.argv[1], device='cuda')" \
     "$WORK/q4b" > "$WORK/q4b.log" 2>&1
 }
 if [[ ${GPU_SESSION:-} == scale ]]; then  # one GPU, then two, in one table; each launch stopped in its half of the time

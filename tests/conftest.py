@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from agentenv_nb.envs.pool import free_port  # noqa: F401  a loopback port free now, for a server a test starts
+from agentenv_nb.envs.process.pool import free_port  # noqa: F401  a loopback port free now, for a server a test starts
 from agentenv_nb.stack import import_unsloth
 
 # This process's environment before any test imported Unsloth, which sets variables for the process it runs in
@@ -60,20 +60,20 @@ def write_bundle(root, tasks: dict[str, list[dict]], evals: dict[str, list[str]]
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """A random tiny Qwen3-format model: it writes plain text, which plain_text_replies hands the task."""
-    from agentenv_nb.train.tiny import build_tiny_model
+    from agentenv_nb.train.model.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
 
 
 TRAINERS = ["trl", "kit"]
-"""The trainer classes a GRPO test can run through: TRL's, and the kit's (``agentenv_nb.train.grpo``)."""
+"""The trainer classes a GRPO test can run through: TRL's, and the kit's (``agentenv_nb.train.grpo.trainer``)."""
 
 
 def trainer_class(name: str = "trl"):
     """TRL's GRPOTrainer (unsloth first, as TRL 1.15 needs), or the kit's, whose tool calls run at once."""
     import_unsloth()
     if name == "kit":
-        from agentenv_nb.train.grpo import GRPOTrainer
+        from agentenv_nb.train.grpo.trainer import GRPOTrainer
     else:
         from trl import GRPOTrainer
     return GRPOTrainer

@@ -26,9 +26,9 @@ def test_a_model_trl_does_not_know_learns_a_call_trl_parses_and_trains_a_grpo_st
     from trl.chat_template_utils import parse_response
 
     from agentenv_nb.client.checks import template_problems
-    from agentenv_nb.train.models import load_model, save_warm_start
+    from agentenv_nb.train.model.loading import load_model, save_warm_start
     from agentenv_nb.train.rollout import play
-    from agentenv_nb.train.tiny import build_tiny_model
+    from agentenv_nb.train.model.tiny import build_tiny_model
 
     tool = get_json_schema(Adder().add)
     base = build_tiny_model(tmp_path / "tiny", corpus_texts=[json.dumps(tool)], family=family)

@@ -22,7 +22,7 @@ def test_the_async_config_keeps_the_recipes_settings_it_takes(tmp_path):
 
 
 def test_a_model_without_vllm_is_refused_in_one_line(tmp_path):
-    from agentenv_nb.train.grpo import async_grpo_trainer
+    from agentenv_nb.train.grpo.trainer import async_grpo_trainer
 
     config = presets.async_grpo_config("cpu-tiny", output_dir=str(tmp_path))
     with pytest.raises(ValueError, match="generates on the model's own vLLM engine, and this model has none: load"):
@@ -31,7 +31,7 @@ def test_a_model_without_vllm_is_refused_in_one_line(tmp_path):
 
 def test_the_async_trainer_is_refused_where_it_cant_run_in_one_line():
     from agentenv_nb.notebook.preflight import check_trainer
-    from agentenv_nb.train.launch import async_problem
+    from agentenv_nb.train.grpo.launch import async_problem
 
     gpu, cpu = presets.named("24gb"), presets.named("cpu-tiny")
     runs = lambda: (True, "vllm imports and a CUDA GPU is visible")  # noqa: E731
@@ -48,7 +48,7 @@ def test_the_async_trainer_is_refused_where_it_cant_run_in_one_line():
 
 
 def test_each_trainer_gets_its_config_and_the_sessions_it_holds(tmp_path):
-    from agentenv_nb.train.sessions import sessions_needed
+    from agentenv_nb.train.grpo.sessions import sessions_needed
 
     config = presets.trainer_config("async", "24gb", output_dir=str(tmp_path))
     assert type(config).__name__ == "AsyncGRPOConfig" and sessions_needed(config, beside=32) == 32 + 32

@@ -146,13 +146,13 @@ def test_the_check_passes_a_good_setup_and_says_how_to_fix_a_bad_one(quiz, qwen3
 def test_preflight_and_the_check_run_the_round_trip_a_built_template_passes(quiz):
     import_unsloth()  # as a notebook has: preflight checks a template only where trl can come after unsloth
     from agentenv_nb.notebook.preflight import check_tools
-    from agentenv_nb.train.tiny import build_tokenizer
-    from agentenv_nb.train.tool_template import use_tool_template
+    from agentenv_nb.train.model.tiny import build_tokenizer
+    from agentenv_nb.train.model.tool_template import use_tool_template
 
     mistral = build_tokenizer(family="mistral", vocab_size=700)  # [INST] turns: TRL parses no tool calls from them
     [row] = check_tools(quiz, mistral)
     assert row["status"] == "fail" and "this one is none of them" in row["detail"]
-    assert row["fix"].startswith("agentenv_nb.train.tool_template.use_tool_template(tokenizer) builds one")
+    assert row["fix"].startswith("agentenv_nb.train.model.tool_template.use_tool_template(tokenizer) builds one")
     with pytest.raises(CheckFailed, match="this one is none of them"):
         quiz.check(mistral)
     use_tool_template(mistral)

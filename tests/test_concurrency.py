@@ -1,5 +1,5 @@
 """Rollouts at full concurrency: environments played from many threads at once each keep their own reward, and the
-kit's GRPOTrainer (``agentenv_nb.train.grpo``) runs a batch's tool calls at once with TRL's results, counts and
+kit's GRPOTrainer (``agentenv_nb.train.grpo.trainer``) runs a batch's tool calls at once with TRL's results, counts and
 roll-back, and the same rewards in a seeded run. Real servers on loopback, the tiny model, real GRPO steps."""
 
 import ast
@@ -16,7 +16,7 @@ from .conftest import TRAINERS, grpo, one_turn_task, step_logs, trainer_class, w
 
 from agentenv_nb import AgentEnv
 
-# What agentenv_nb.train.grpo builds on, as read in trl 1.15.0: the loop it hands per-rollout tool dicts, and where
+# What agentenv_nb.train.grpo.trainer builds on, as read in trl 1.15.0: the loop it hands per-rollout tool dicts, and where
 # TRL builds those dicts and resets the environments.
 PINNED = {"_tool_call_loop": "acc9b1db6fed3d92f75e9068effc4d2042af71a6807537b9c3ce243c130138b7",
           "_generate_and_score_completions": "1fa48922792dcd5c72da155cfe99db477771a7c61cde15519fe8c86d0cdc0b65"}
@@ -82,7 +82,7 @@ def test_the_trl_methods_the_kit_trainer_builds_on_are_the_ones_read():
     for name, digest in PINNED.items():
         source = trl_method_source(name)
         assert hashlib.sha256(source.encode()).hexdigest() == digest, (
-            f"trl's GRPOTrainer.{name} changed: agentenv_nb.train.grpo relies on it calling each rollout's sync tools "
+            f"trl's GRPOTrainer.{name} changed: agentenv_nb.train.grpo.trainer relies on it calling each rollout's sync tools "
             "from self._sync_tool_dicts in order; read it again, then update PINNED")
 
 

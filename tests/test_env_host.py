@@ -1,4 +1,4 @@
-"""The env host on loopback: ``python -m agentenv_nb.serve`` as its own process, ``AgentEnv(url)`` from this one,
+"""The env host on loopback: ``python -m agentenv_nb.envs.serve`` as its own process, ``AgentEnv(url)`` from this one,
 the preflight against it, and one GRPO step of the tiny model whose rollouts play GridSim through it.
 
 The server runs the envs with the ``process`` sandbox, as a notebook host without Docker or Modal would.
@@ -32,7 +32,7 @@ def env_host(tmp_path_factory):
     port = free_port()
     log = open(root / "serve.log", "w")
     server = subprocess.Popen(
-        [sys.executable, "-m", "agentenv_nb.serve", str(bundle), "--host", "127.0.0.1", "--port", str(port),
+        [sys.executable, "-m", "agentenv_nb.envs.serve", str(bundle), "--host", "127.0.0.1", "--port", str(port),
          "--sandbox", "process", "--max-concurrent-envs", "8"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # its own group: its env processes go with it
     url = f"http://127.0.0.1:{port}"
@@ -78,7 +78,7 @@ def test_a_grpo_step_through_agentenv_url(env_host, tmp_path):
     from agentenv_nb.train import presets
     from agentenv_nb.client import AgentEnv
     from agentenv_nb.notebook.preflight import capacity_warning, check_tools, preflight
-    from agentenv_nb.train.tiny import build_tiny_model
+    from agentenv_nb.train.model.tiny import build_tiny_model
 
     base = build_tiny_model(tmp_path / "tiny", corpus_texts=[gridsim.generate.SYSTEM_PROMPT])
     model, tokenizer = FastLanguageModel.from_pretrained(**presets.model_kwargs("cpu-tiny", base))
@@ -143,7 +143,7 @@ def test_the_default_server_processes_fit_the_cores_this_process_may_use():
     """One server a core, up to 8: on 2 cores, 8 servers each preparing 1,800 GridSim tasks started in 103 s or past
     the start timeout, 2 in 28 s. The notebooks and the training command take the same default."""
     def default_on(cores: set[int]) -> int:
-        probe = "from agentenv_nb.train.run import GRPORun; print(GRPORun().server_processes)"
+        probe = "from agentenv_nb.train.grpo.run import GRPORun; print(GRPORun().server_processes)"
         return int(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                                   preexec_fn=lambda: os.sched_setaffinity(0, cores)).stdout)
 

@@ -23,14 +23,14 @@ from .conftest import free_port
 
 from agentenv_nb.client import AgentEnv
 from agentenv_nb.envs.choice import SandboxError
-from agentenv_nb.envs.dockerfile import ImageError
+from agentenv_nb.envs.process.dockerfile import ImageError
 from agentenv_nb.envs.workdir import work_dir
 from agentenv_nb.envs.processes import serve_in_processes
 from agentenv_nb.envs.serving import serve_in_thread
 from agentenv_nb.tasks import gridsim
 
 MAIL_MCP = Path(__import__("agent_env").__file__).parent / "examples" / "mail-mcp"
-SERVE = [sys.executable, "-m", "agentenv_nb.serve"]
+SERVE = [sys.executable, "-m", "agentenv_nb.envs.serve"]
 
 
 @pytest.fixture(autouse=True)
@@ -195,7 +195,7 @@ def test_a_url_that_answers_http_but_isnt_openenv_is_one_line(not_openenv):
         AgentEnv(not_openenv)
     message = str(error.value)
     assert "\n" not in message and "isn't an agent_env OpenEnv server" in message, message
-    assert "doesn't read as one" in message and "python -m agentenv_nb.serve" in message, message
+    assert "doesn't read as one" in message and "python -m agentenv_nb.envs.serve" in message, message
     with pytest.raises(ConnectionError, match="GET /v1/list_environments got HTTP 404") as error:
         AgentEnv(not_openenv + "/v1")
     assert "\n" not in str(error.value)
@@ -221,7 +221,7 @@ def _play_a_day(server) -> float:
 
 @pytest.mark.slow  # waits for env processes to stop
 def test_closing_a_thread_server_stops_its_env_processes_but_not_another_servers(tmp_path):
-    from agentenv_nb.envs.pool import pools
+    from agentenv_nb.envs.process.pool import pools
 
     bundle = _gridsim(tmp_path / "gridsim")
     before = _ours()
@@ -267,7 +267,7 @@ def test_preflight_knows_a_local_servers_session_limit_and_warns_before_training
 
 def test_a_warm_start_that_learnt_nothing_stops_a_gpu_run_in_one_line_and_warns_on_the_tiny_cpu_model(capsys):
     from agentenv_nb.stops import Stop
-    from agentenv_nb.train.warm_start import check_learned
+    from agentenv_nb.train.warm_start.sources import check_learned
 
     unscored = {"reward": 0.0, "tool_call_rate": 1.0}
     with pytest.raises(Stop) as stopped:
@@ -286,7 +286,7 @@ def test_a_warm_start_that_learnt_nothing_stops_a_gpu_run_in_one_line_and_warns_
 def test_a_relative_bundle_or_demonstrations_path_says_where_it_was_read_from(tmp_path, monkeypatch):
     from agentenv_nb.stops import Stop
     from agentenv_nb.tasks.bundles import get_bundle
-    from agentenv_nb.train.user_demos import read_demonstrations
+    from agentenv_nb.train.warm_start.user_demos import read_demonstrations
 
     monkeypatch.chdir(tmp_path)  # as a notebook runs in notebooks/, not where the user wrote the bundle
     with pytest.raises(KeyError, match=f"no bundle 'bundles/desk': no such folder in {tmp_path}") as unknown:

@@ -40,15 +40,16 @@ def length_reward(completions, **kwargs) -> list[float]:
 def test_a_finished_run_exports_the_trained_model_which_reloads_and_plays_a_day(tiny_model, tmp_path, capsys):
     from agentenv_nb import AgentEnv
     from agentenv_nb.tasks import gridsim
-    from agentenv_nb.train import models, presets
+    from agentenv_nb.train import presets
+    from agentenv_nb.train.model import loading
     from agentenv_nb.train.fit import fit
-    from agentenv_nb.train.grpo import GRPOTrainer
+    from agentenv_nb.train.grpo.trainer import GRPOTrainer
 
     bundle = gridsim.write_bundle(tmp_path / "gridsim-tiny", train=2, eval=1)
     out = str(tmp_path / "grpo")
     with AgentEnv.local(bundle, sandbox="process", max_concurrent_envs=24) as env:  # two trainers and play
         def trainer():  # notebook 03's cells, on the tiny preset
-            model, tokenizer = models.load_model(tiny_model, "cpu-tiny")
+            model, tokenizer = loading.load_model(tiny_model, "cpu-tiny")
             config = presets.grpo_config("cpu-tiny", output_dir=out, max_steps=1, save_steps=1, resume=True,
                                          eval_strategy="no", eval_on_start=False, max_completion_length=64)
             return GRPOTrainer(model=model, processing_class=tokenizer, args=config, train_dataset=env.dataset,

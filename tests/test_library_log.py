@@ -85,7 +85,7 @@ def test_in_a_notebook_a_librarys_progress_widget_goes_to_the_log_and_the_kits_o
     displays (a block that keeps them: its progress line, its live plot) stay in the cell."""
     import nbformat
 
-    from agentenv_nb.notebook.runner import execute
+    from agentenv_nb.notebook.demo import execute
 
     log = tmp_path / "library.log"
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(textwrap.dedent("""

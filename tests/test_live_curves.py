@@ -12,9 +12,9 @@ import torch
 
 from agentenv_nb.notebook.curves import eval_curve, eval_table, find_trainer_state, plot_eval_curve, save_eval_curve
 from agentenv_nb.tasks.gridsim.adapter import GridSimAdapter
-from agentenv_nb.notebook.live import ConsoleLivePlot, LivePlot, NotebookLivePlot, format_row, live_plot
+from agentenv_nb.train.live import ConsoleLivePlot, LivePlot, NotebookLivePlot, format_row, live_plot
 from nbclient import NotebookClient
-# transformers after agentenv_nb.notebook.live, which hides a broken torchvision wheel that would break these imports
+# transformers after agentenv_nb.train.live, which hides a broken torchvision wheel that would break these imports
 from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
 
@@ -104,7 +104,7 @@ def test_factory_picks_console_outside_a_kernel():
 
 KERNEL_CELL = """
 import matplotlib; matplotlib.use("Agg")
-from agentenv_nb.notebook.live import NotebookLivePlot, live_plot
+from agentenv_nb.train.live import NotebookLivePlot, live_plot
 from transformers import TrainerState
 live = live_plot(min_interval=0)
 assert isinstance(live, NotebookLivePlot)

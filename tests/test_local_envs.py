@@ -18,8 +18,9 @@ import websockets
 
 from .conftest import free_port
 
-from agentenv_nb.envs import pool as env_pool
-from agentenv_nb.envs import process_sandbox, tls
+from agentenv_nb.envs.process import pool as env_pool
+from agentenv_nb.envs import tls
+from agentenv_nb.envs.process import sandbox as process_sandbox
 
 ECHO_ENV = Path(agent_env.__file__).parent / "examples" / "echo-mcp" / "envs" / "echo"
 CAPACITY = 10

@@ -25,21 +25,22 @@ def test_the_page_writes_a_bundle_with_two_toolsets_and_two_verifiers(tmp_path):
 @pytest.mark.slow
 def test_without_an_expert_or_demonstrations_the_warm_start_is_self_distillation_and_says_so(tmp_path, capsys):
     from agentenv_nb import AgentEnv
-    from agentenv_nb.train import models, warm_start
+    from agentenv_nb.train.model import loading
+    from agentenv_nb.train.warm_start import sources
 
     bundle, demos = write_desk(tmp_path)
     # 16 sessions: play keeps up to a batch of 8 environments a toolset, as TRL pools them
     with AgentEnv.local(bundle, split="train", sandbox="process", max_concurrent_envs=16, reward="min",
                         toolsets="each") as env:
-        start = warm_start.choose(bundle, env)
-        assert start.source == warm_start.SELF_DISTILLATION and not start.demonstrations
+        start = sources.choose(bundle, env)
+        assert start.source == sources.SELF_DISTILLATION and not start.demonstrations
         assert "warm start from self-distillation: no task adapter with an expert" in capsys.readouterr().out
-        model, tokenizer = models.load_model("tiny", "cpu-tiny", "sft", models_dir=tmp_path / "models")
+        model, tokenizer = loading.load_model("tiny", "cpu-tiny", "sft", models_dir=tmp_path / "models")
         import torch
 
         torch.manual_seed(0)  # the samples below, the same on every run
         # a random model writes no end_turn, so every turn ends empty and scores 0: nothing of its own to learn from
         with pytest.raises(ValueError, match="none of the model's 12 rollouts .* scored above 0.*give DEMOS"):
             start.sft_dataset(model, tokenizer, env, "cpu-tiny", max_new_tokens=16)
-        given = warm_start.choose(bundle, env, demos=demos)
-        assert given.source == warm_start.DEMONSTRATIONS and len(given.sft_dataset(model, tokenizer, env, "cpu-tiny")) == 6
+        given = sources.choose(bundle, env, demos=demos)
+        assert given.source == sources.DEMONSTRATIONS and len(given.sft_dataset(model, tokenizer, env, "cpu-tiny")) == 6

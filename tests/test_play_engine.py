@@ -8,10 +8,10 @@ from agentenv_nb.stack import import_unsloth
 
 def test_the_model_picks_the_engine_and_both_stop_at_the_same_tokens(tmp_path):
     import_unsloth()
-    from agentenv_nb.train import models
+    from agentenv_nb.train.model import loading
     from agentenv_nb.train.rollout import generator, stop_ids
 
-    model, tokenizer = models.load_model("tiny", "cpu-tiny", models_dir=tmp_path, corpus=["a tiny corpus"])
+    model, tokenizer = loading.load_model("tiny", "cpu-tiny", models_dir=tmp_path, corpus=["a tiny corpus"])
     assert generator(model) == "transformers"  # the CPU preset loads no vLLM
     model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")]
     assert stop_ids(model, tokenizer) == {tokenizer.pad_token_id, tokenizer.eos_token_id,

@@ -65,9 +65,9 @@ def test_drift_is_reported(tmp_path):
 def test_the_table_says_what_the_model_was_loaded_as(tmp_path):
     """Notebook 03's table: beside a preset's load_in_4bit and vllm, the model's own (on a GPU, the card's choice of
     vLLM's weights may load 16-bit where the preset's load_in_4bit says True)."""
-    from agentenv_nb.train import models
+    from agentenv_nb.train.model import loading
 
-    model, _ = models.load_model("tiny", "cpu-tiny", models_dir=tmp_path, corpus=["a tiny corpus"])
+    model, _ = loading.load_model("tiny", "cpu-tiny", models_dir=tmp_path, corpus=["a tiny corpus"])
     shown = presets.table("24gb", model=model)
     assert shown.loc["load_in_4bit"].tolist() == ["model", True, False]
     assert shown.loc["vllm"].tolist() == ["model", True, False] and shown.loc["temperature", "config"] == ""
@@ -113,7 +113,7 @@ def test_vllm_is_sized_to_the_memory_a_run_may_use(monkeypatch):
     """vLLM's gpu_memory_utilization is a share of the whole card: the recipe's half is taken of what the run may
     use (a cap, AGENTENV_NB_GPU_MEMORY_GB), at most the preset's own card, then turned into a share of the card."""
     from agentenv_nb import settings
-    from agentenv_nb.train.vllm_sizing import gpu_memory_utilization as share
+    from agentenv_nb.train.model.vllm_sizing import gpu_memory_utilization as share
 
     recipe = presets.PRESETS["24gb"]
     h200, l4, made_for = 150.1e9, 23.6e9, recipe.gpu_gb * 1e9

@@ -23,7 +23,7 @@ def test_a_qwen3_5_model_calls_tools_trl_parses_and_trains_a_grpo_step(tmp_path)
     from trl.chat_template_utils import add_response_schema, parse_response
     from unsloth import FastLanguageModel
 
-    from agentenv_nb.train.tiny import build_tiny_model
+    from agentenv_nb.train.model.tiny import build_tiny_model
 
     torch.set_num_threads(1)  # two spinning OpenMP threads on a shared 2-core machine are slower than one
     tool = get_json_schema(Adder().add)

@@ -25,10 +25,12 @@ def test_gguf_model_loads_plays_and_trains_a_step(gguf, tmp_path, capsys):
     from agentenv_nb import AgentEnv
     from agentenv_nb.tasks import bundles
     from agentenv_nb.tasks.gridsim.adapter import play_optimum
-    from agentenv_nb.train import demos, models, presets
+    from agentenv_nb.train import presets
+    from agentenv_nb.train.warm_start import demos
+    from agentenv_nb.train.model import loading
     from agentenv_nb.train.rollout import play
 
-    model, tokenizer = models.load_model(str(gguf), "cpu-tiny", "grpo", models_dir=tmp_path / "models")
+    model, tokenizer = loading.load_model(str(gguf), "cpu-tiny", "grpo", models_dir=tmp_path / "models")
     said = capsys.readouterr().out
     assert "converted to a model folder" in said and "using TRL's Qwen3 template" in said
     folder = tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1"
@@ -53,5 +55,5 @@ def test_gguf_model_loads_plays_and_trains_a_step(gguf, tmp_path, capsys):
     assert any(not torch.equal(p, lora[name]) for name, p in model.named_parameters() if name in lora)
 
     # The folder is made once: a second load reuses it.
-    models.load_model(str(gguf), "cpu-tiny", "grpo", models_dir=tmp_path / "models")
+    loading.load_model(str(gguf), "cpu-tiny", "grpo", models_dir=tmp_path / "models")
     assert "converted" not in capsys.readouterr().out

@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from agentenv_nb.envs import rewards
-from agentenv_nb.train.user_demos import DemonstrationError, read_demonstrations
+from agentenv_nb.train.warm_start.user_demos import DemonstrationError, read_demonstrations
 
 SCORES = {"answer": 1.0, "follow_up": 0.5}
 
@@ -61,7 +61,7 @@ def test_demonstrations_get_the_bundles_tools_and_misfits_name_their_line(tmp_pa
             {"role": "tool", "name": "add", "content": "7"}, _call("end_turn", response="7")]
     [demo] = read_demonstrations(_write(tmp_path, good), _factories())
     assert [t["function"]["name"] for t in demo["tools"]] == ["add", "end_turn"] and demo["tool_calls"] == 2
-    from agentenv_nb.train.demos import sft_dataset
+    from agentenv_nb.train.warm_start.demos import sft_dataset
 
     assert sft_dataset([demo])[0]["messages"][1]["tool_calls"][0]["function"]["arguments"] == '{"a": 3, "b": 4}'
 

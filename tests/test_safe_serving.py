@@ -35,14 +35,14 @@ from agentenv_nb.client import AgentEnv
 from agentenv_nb.client.environment import player_of
 from agentenv_nb.client.session import Session, SessionError
 from agentenv_nb.envs.choice import SandboxError
-from agentenv_nb.envs.dockerfile import ImageError
+from agentenv_nb.envs.process.dockerfile import ImageError
 from agentenv_nb.envs.serving import serve_in_thread
 from agentenv_nb.envs.workdir import WorkDirError
 from agentenv_nb.tasks import gridsim
 
 from .conftest import free_port
 
-SERVE = [sys.executable, "-m", "agentenv_nb.serve"]
+SERVE = [sys.executable, "-m", "agentenv_nb.envs.serve"]
 SECRETS = {"HF_TOKEN": "hf_not_for_envs", "MODAL_TOKEN_SECRET": "modal_not_for_envs"}
 
 
@@ -76,7 +76,7 @@ async def _handshake(url: str, headers: dict | None) -> str:
 
 
 class _ServeCommand:
-    """``python -m agentenv_nb.serve`` as a user starts it; its first line of output, its URL."""
+    """``python -m agentenv_nb.envs.serve`` as a user starts it; its first line of output, its URL."""
 
     def __init__(self, bundle: Path, tmp_path: Path, *args: str, env: dict | None = None):
         self.port = free_port()

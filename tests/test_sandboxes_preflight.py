@@ -21,7 +21,8 @@ from .conftest import free_port
 
 from agentenv_nb.notebook import preflight as pf
 from agentenv_nb.envs import choice as sandboxes
-from agentenv_nb.envs import modal_credentials, process_sandbox
+from agentenv_nb.envs import modal_credentials
+from agentenv_nb.envs.process import sandbox as process_sandbox
 from agentenv_nb.envs.choice import SandboxError, choose_sandbox
 from agentenv_nb.train import presets
 
@@ -309,7 +310,7 @@ def test_unreachable_server_says_how_to_start_one():
     port = free_port()
     [row] = pf.check_server(f"http://127.0.0.1:{port}", "train", timeout=2)
     assert row["status"] == "fail" and "no env server answers" in row["detail"]
-    assert "python -m agentenv_nb.serve" in row["fix"] and "--max-concurrent-envs 64" in row["fix"]
+    assert "python -m agentenv_nb.envs.serve" in row["fix"] and "--max-concurrent-envs 64" in row["fix"]
 
 
 def test_thinking_on_with_a_small_budget_warns(grpo_config):
@@ -389,7 +390,7 @@ def test_an_image_of_an_older_python_runs_quietly_and_of_a_newer_one_is_said(tmp
     """Colab's Python 3.12 runs GridSim's python:3.11 image without a warning in every notebook that serves it."""
     import sys
 
-    from agentenv_nb.envs.dockerfile import read_dockerfile
+    from agentenv_nb.envs.process.dockerfile import read_dockerfile
 
     major, minor = sys.version_info[:2]
     (tmp_path / "server.py").write_text("print('an MCP server')\n")

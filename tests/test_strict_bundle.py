@@ -71,7 +71,7 @@ def fresh_parameters(monkeypatch):
 
 
 def demo(out, *args):
-    return subprocess.run([sys.executable, "-m", "agentenv_nb.demo", str(out), *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "agentenv_nb.notebook.demo", str(out), *args], capture_output=True, text=True,
                           timeout=600)
 
 
@@ -111,7 +111,7 @@ def test_a_notebook_run_before_the_one_it_needs_says_which_in_one_line(tmp_path,
         assert not re.search(r"\x1b\[", failed.stderr), failed.stderr  # no colour codes
         assert len(failed.stderr.splitlines()) == 1, failed.stderr  # what else was said, where it isn't one line
         [line] = failed.stderr.splitlines()
-        assert line.startswith(f"python -m agentenv_nb.demo: {number}_") and needs in line, line
+        assert line.startswith(f"python -m agentenv_nb.notebook.demo: {number}_") and needs in line, line
         cell = r"failed at cell \d+ of \d+, In \[\d+\] \((warm_start = )?need_(warm_start|grpo_logs)\(RUN_DIR"
         assert re.search(cell, line), line
         # the notebook shows that line alone, in place of a traceback, at its first cell after the parameters

@@ -7,8 +7,8 @@ import copy
 import pytest
 
 from agentenv_nb.client.checks import template_problems
-from agentenv_nb.train.tiny import build_tokenizer
-from agentenv_nb.train.tool_template import use_tool_template
+from agentenv_nb.train.model.tiny import build_tokenizer
+from agentenv_nb.train.model.tool_template import use_tool_template
 
 END_OF_TURN = {"llama3": "<|eot_id|>", "gemma": "<end_of_turn>", "mistral": "</s>", "base": "<|endoftext|>"}
 
@@ -74,7 +74,7 @@ def test_a_template_that_drops_tool_results_fails_the_round_trip(tokenizers):
     tokenizer.response_template = qwen3_template  # the user's own template and parser
     assert template_problems(tokenizer) == [
         "the chat template drops tool results, so the model would never read what its calls return; "
-        "agentenv_nb.train.tool_template.use_tool_template(tokenizer) builds one from the model's own turns "
+        "agentenv_nb.train.model.tool_template.use_tool_template(tokenizer) builds one from the model's own turns "
         "(load_model does it), or set tokenizer.chat_template and tokenizer.response_template to your own"]
 
 

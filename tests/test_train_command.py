@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agentenv_nb.train.command import PROG
+from agentenv_nb.train.grpo.command import PROG
 
 TRAIN = [sys.executable, "-m", "agentenv_nb.train"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
@@ -95,8 +95,8 @@ def test_a_launch_that_cant_train_is_refused_by_each_rank_in_one_line(tmp_path):
 
 def test_the_command_and_notebook_03_take_one_set_of_parameters(monkeypatch):
     from agentenv_nb.notebook.params import TINY, from_env
-    from agentenv_nb.train import command
-    from agentenv_nb.train.run import GRPORun
+    from agentenv_nb.train.grpo import command
+    from agentenv_nb.train.grpo.run import GRPORun
 
     for name in GRPORun().parameters():
         monkeypatch.delenv(f"AGENTENV_NB_{name}", raising=False)
@@ -113,7 +113,7 @@ def test_the_command_and_notebook_03_take_one_set_of_parameters(monkeypatch):
 
 def test_one_function_sizes_the_sessions_a_run_opens(tmp_path):
     from agentenv_nb.train import presets
-    from agentenv_nb.train.sessions import capacity_problem, sessions_needed
+    from agentenv_nb.train.grpo.sessions import capacity_problem, sessions_needed
 
     config = presets.grpo_config("cpu-tiny", output_dir=str(tmp_path))
     assert sessions_needed(config) == 8  # a step's 2 x 4 rollouts; an eval batch of 4 reuses them
@@ -133,7 +133,7 @@ def test_two_processes_train_once_then_one_resumes(tmp_path):
     from safetensors.torch import load_file
 
     from agentenv_nb.tasks import gridsim
-    from agentenv_nb.train.tiny import build_tiny_model
+    from agentenv_nb.train.model.tiny import build_tiny_model
 
     bundle = gridsim.write_bundle(tmp_path / "gridsim-tiny", train=4, eval=2)
     tiny = build_tiny_model(tmp_path / "tiny", corpus_texts=[gridsim.generate.SYSTEM_PROMPT])

@@ -7,7 +7,7 @@ from agentenv_nb.stack import import_unsloth
 
 import_unsloth()  # before anything imports trl, as TRL 1.15 on CPU needs
 from agentenv_nb import AgentEnv  # noqa: E402
-from agentenv_nb.train.trial import Measured, check, longest_prompt_rows, trial_step, verdict  # noqa: E402
+from agentenv_nb.train.grpo.trial import Measured, check, longest_prompt_rows, trial_step, verdict  # noqa: E402
 from tests.conftest import one_turn_task, write_bundle  # noqa: E402
 from transformers import TrainerState  # noqa: E402
 
@@ -46,9 +46,10 @@ def quiz(tmp_path_factory):
 
 @pytest.mark.slow
 def test_the_trial_step_runs_the_worst_case_on_cpu_and_trains_nothing(quiz, tiny_model, tmp_path):
-    from agentenv_nb.train import models, presets
+    from agentenv_nb.train import presets
+    from agentenv_nb.train.model import loading
 
-    model, tokenizer = models.load_model(tiny_model, "cpu-tiny")
+    model, tokenizer = loading.load_model(tiny_model, "cpu-tiny")
     config = presets.grpo_config("cpu-tiny", output_dir=str(tmp_path), max_steps=30, max_completion_length=32,
                                  per_device_train_batch_size=4, gradient_accumulation_steps=1, num_generations=4,
                                  steps_per_generation=1)

@@ -10,7 +10,7 @@ from agentenv_nb.notebook import views
 from agentenv_nb.notebook.transcript import transcript
 from agentenv_nb.train import presets
 from agentenv_nb.train.rollout import Rollout
-from agentenv_nb.train.run import GRPORun
+from agentenv_nb.train.grpo.run import GRPORun
 
 from .conftest import one_turn_task, write_bundle
 

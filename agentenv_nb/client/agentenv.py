@@ -9,14 +9,14 @@ a dataset whose rows are tasks, and an ``environment_factory`` whose environment
     trainer.train()
     env.close()                                   # or `with AgentEnv.local(...) as env:`
 
-``AgentEnv("http://env-host:8000", token=...)`` plays a server another host runs (``python -m agentenv_nb.serve``,
+``AgentEnv("http://env-host:8000", token=...)`` plays a server another host runs (``python -m agentenv_nb.envs.serve``,
 which prints its token), and ``AgentEnv([url, url2, ...])`` several servers of one bundle, spreading the sessions
 over them.
 
 How TRL drives an environment: it makes one per rollout in flight and reuses it, rollout after rollout, so each holds
 one session (``client.session.Session``). ``reset(**row)`` starts the row's task in the background and returns None, so
 the model writes its first reply while the server deploys; a tool call waits for it. TRL runs tool calls one at a
-time (``agentenv_nb.train.grpo.GRPOTrainer`` runs a round's calls across rollouts at once), catching an exception as
+time (``agentenv_nb.train.grpo.trainer.GRPOTrainer`` runs a round's calls across rollouts at once), catching an exception as
 the tool's result (``{"error": ...}``), then calls ``get_reward()`` on each environment; the first call ends the open
 episodes its thread started at once, with an empty reply, or the model's plain-text one.
 """
@@ -219,8 +219,8 @@ class AgentEnv:
 def describe_server(http: httpx.Client, url: str) -> tuple[str, list[str]]:
     """The environment an OpenEnv server of agent_env serves, and its splits (OpenEnv's Task API); raises
     ConnectionError saying what to start when nothing, or something else, answers at ``url``."""
-    start = "start one with `python -m agentenv_nb.serve BUNDLE`, or use AgentEnv.local(BUNDLE)"
-    instead = f"point AgentEnv at the URL `python -m agentenv_nb.serve` prints, or {start}"
+    start = "start one with `python -m agentenv_nb.envs.serve BUNDLE`, or use AgentEnv.local(BUNDLE)"
+    instead = f"point AgentEnv at the URL `python -m agentenv_nb.envs.serve` prints, or {start}"
     try:
         names = http.get(f"{url}/list_environments").raise_for_status().json()
         if not (isinstance(names, list) and len(names) == 1 and isinstance(names[0], str)):

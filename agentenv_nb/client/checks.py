@@ -19,7 +19,7 @@ from agentenv_nb.client.environment import server_tools
 from agentenv_nb.client.tools import RESERVED
 
 
-FIX = ("agentenv_nb.train.tool_template.use_tool_template(tokenizer) builds one from the model's own turns "
+FIX = ("agentenv_nb.train.model.tool_template.use_tool_template(tokenizer) builds one from the model's own turns "
        "(load_model does it), or set tokenizer.chat_template and tokenizer.response_template to your own")
 """The fix for a chat template TRL can't train tool calls with."""
 
@@ -67,7 +67,7 @@ def tool_problems(factories: dict[str, type]) -> list[str]:
     return problems
 
 
-FIX = ("agentenv_nb.train.tool_template.use_tool_template(tokenizer) builds one from the model's own turns "
+FIX = ("agentenv_nb.train.model.tool_template.use_tool_template(tokenizer) builds one from the model's own turns "
        "(load_model does it), or set tokenizer.chat_template and tokenizer.response_template to your own")
 """The fix for a chat template TRL can't train tool calls with."""
 

@@ -121,7 +121,7 @@ class Session:
                         f"{e}. Each environment holds one session from rollout to rollout, so the server needs a slot "
                         "for every rollout in flight (the generation batch, and the eval batch): raise "
                         "max_concurrent_envs (AgentEnv.local(..., max_concurrent_envs=N), or "
-                        "`python -m agentenv_nb.serve BUNDLE --max-concurrent-envs N` on the env host)") from None
+                        "`python -m agentenv_nb.envs.serve BUNDLE --max-concurrent-envs N` on the env host)") from None
                 if loop.time() - start + delay > self.patience:
                     raise CapacityError(f"{e}; another session took this one's slot and none freed up within "
                                         f"patience={self.patience:g}s") from None

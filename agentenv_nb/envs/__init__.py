@@ -1,9 +1,8 @@
 """Envs: where a bundle's envs run and how its tasks are served. ``choice`` picks the sandbox (Docker, Modal with
-``modal_credentials``, or the kit's ``process_sandbox``: plain-Python envs as local processes, read from their
-``image``, kept ready in a ``pool``, each set up by ``zygote`` in the private ``workdir``, their deaths told by
-``deaths``). ``resolve`` resolves a bundle once for serving; ``app`` builds its OpenEnv server behind the ``guard``
-(token, origin, routes, idle sessions); ``serving`` runs it on a thread, ``processes`` from server processes, and
-``agentenv_nb.serve`` is the command."""
+``modal_credentials``, or the kit's ``process`` sandbox: plain-Python envs as local processes, in the private
+``workdir``). ``resolve`` resolves a bundle once for serving; ``app`` builds its OpenEnv server behind the ``guard``
+(token, origin, routes, idle sessions), keeping episodes in its ``store``; ``serving`` runs it on a thread,
+``processes`` from server processes, and ``serve`` is the command (``python -m agentenv_nb.envs.serve``)."""
 
 import sys
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from agentenv_nb import settings
-from agentenv_nb.envs import process_sandbox
+from agentenv_nb.envs.process import sandbox as process_sandbox
 from agentenv_nb.envs.modal_credentials import ModalCredentialsError, load_modal_credentials, missing_modal_message
 from agentenv_nb.stops import Stop
 

@@ -29,7 +29,7 @@ import json
 import re
 from urllib.parse import urlsplit
 
-from agentenv_nb.envs import deaths
+from agentenv_nb.envs.process import deaths
 
 IDLE_CLOSE = 4408  # a WebSocket close code of the private range: "idle for too long"
 # The HTTP routes that read tasks or describe the server; none makes an env.

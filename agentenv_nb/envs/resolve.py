@@ -44,7 +44,7 @@ def resolve(bundle: str | Path | Resolved, sandbox: str | None = None, max_concu
     ``Resolved`` is returned as it is."""
     if isinstance(bundle, Resolved):
         return bundle
-    from agentenv_nb.envs import process_sandbox
+    from agentenv_nb.envs.process import sandbox as process_sandbox
     from agentenv_nb.envs.choice import DOCKER, PROCESS, choose_sandbox
 
     settings.check_environment()  # a bad setting is said before the bundle is fetched or anything starts

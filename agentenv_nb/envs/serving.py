@@ -5,7 +5,7 @@
 
 It listens on loopback and requires a token, made here unless given (AGENTENV_NB_TOKEN): another user of this
 machine can reach loopback too. ``envs.processes`` serves from processes beside this one; the serve command
-(``python -m agentenv_nb.serve``) on an env host.
+(``python -m agentenv_nb.envs.serve``) on an env host.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class ServerHandle:
         and remove the images, that no other server of this process uses."""
         self._server.should_exit = True
         self._thread.join(self._shutdown_timeout + 5)
-        from agentenv_nb.envs import process_sandbox
+        from agentenv_nb.envs.process import sandbox as process_sandbox
 
         process_sandbox.release(self._thread.ident)
 

@@ -28,7 +28,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from agentenv_nb.train.earlier_steps import trainer_states
-from agentenv_nb.train.launch import ASYNC_EVALS
+from agentenv_nb.train.grpo.launch import ASYNC_EVALS
 
 _EVAL_METRIC = re.compile(r"^eval_(reward|(scores|rewards)/.+/mean)$")
 

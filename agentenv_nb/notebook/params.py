@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentenv_nb.settings import PREFIX
-from agentenv_nb.train.run import GRPORun
+from agentenv_nb.train.grpo.run import GRPORun
 
 
 def from_env(defaults: dict[str, Any] | GRPORun) -> dict[str, Any] | GRPORun:

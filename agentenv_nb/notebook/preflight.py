@@ -34,7 +34,7 @@ from agentenv_nb.host.probe import Host, installed, version_text
 from agentenv_nb.stack import vllm_load_problem
 from agentenv_nb.train import earlier_steps
 from agentenv_nb.train.export import hub_problem
-from agentenv_nb.train.launch import ASYNC_EVALS, async_problem, processes_launched
+from agentenv_nb.train.grpo.launch import ASYNC_EVALS, async_problem, processes_launched
 from agentenv_nb.train.presets import Preset, gpu_need_gb, named, training_precision
 from agentenv_nb.train.tracking import report_to_problem
 
@@ -90,7 +90,7 @@ def check_gpu(preset: Preset | str) -> list[dict]:
 def check_trainer(trainer: str, preset: Preset | str) -> list[dict]:
     """The trainer notebook 03 picks (``run.TRAINERS``) against the preset and this machine: the async trainer needs
     vLLM and one process (``launch.async_problem``), and has no eval points (said here)."""
-    from agentenv_nb.train.run import TRAINERS
+    from agentenv_nb.train.grpo.run import TRAINERS
 
     if trainer not in TRAINERS:
         return [_row("trainer", "fail", f"unknown trainer {trainer!r}", f"TRAINER= one of {', '.join(TRAINERS)}")]
@@ -201,7 +201,7 @@ def server_url(env) -> str:
 def check_server(env, split: str, timeout: float = 10.0) -> list[dict]:
     """The env server answers and serves ``split`` with at least one task (OpenEnv's Task API)."""
     url = server_url(env)
-    start = ("start it on the env host: python -m agentenv_nb.serve BUNDLE --host 0.0.0.0 --port 8000 "
+    start = ("start it on the env host: python -m agentenv_nb.envs.serve BUNDLE --host 0.0.0.0 --port 8000 "
              "--max-concurrent-envs 64 (docs/env-host.md), or use AgentEnv.local(BUNDLE)")
     token = env.token if hasattr(env, "token") else settings.get("token")
     try:
@@ -262,7 +262,7 @@ def check_thinking(trainer_args, tokenizer=None) -> list[dict]:
 
 def capacity_warning(trainer_args, max_concurrent_envs: int | None, environments: int = 1) -> str | None:
     """Warn (CapacityWarning) when the server can't hold the trainer's sessions; return the warning or None."""
-    from agentenv_nb.train.sessions import capacity_problem
+    from agentenv_nb.train.grpo.sessions import capacity_problem
 
     problem = None if max_concurrent_envs is None else capacity_problem(trainer_args, max_concurrent_envs, environments)
     if problem:

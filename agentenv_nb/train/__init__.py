@@ -1,4 +1,6 @@
-"""Training: ``presets`` (every trainer setting, as data), ``configs`` (TRL's configs built from them and checked),
-``run`` (notebook 03's parameters), ``models`` (loading, warm-start saving), ``tiny`` (offline random Qwen3-format
-models), ``rollout`` (playing a model through the envs as TRL does) and ``demos`` (expert and self-distillation SFT
-data). Import unsloth first: ``agentenv_nb.stack.import_unsloth``."""
+"""Training, by stage: ``model`` (loading a model for a preset, its chat template, the tiny offline models, vLLM's
+share of the card), ``warm_start`` (notebook 02's SFT data: an expert's, a user's, the model's own), ``grpo``
+(notebook 03's run, its trainers and the training command), ``export`` (the trained model out). Shared by the stages:
+``presets`` (every trainer setting, as data), ``configs`` (TRL's configs built from them and checked), ``rollout``
+(playing a model through the envs as TRL does), ``fit`` (a trainer run as a cell should), ``live`` (the live plot).
+Import unsloth first: ``agentenv_nb.stack.import_unsloth``."""

@@ -21,7 +21,8 @@ from pathlib import Path
 from agentenv_nb import settings
 from agentenv_nb.library_log import to_log
 from agentenv_nb.stack import import_unsloth
-from agentenv_nb.train import models, presets
+from agentenv_nb.train import presets
+from agentenv_nb.train.model import loading
 
 NO_LLAMA_CPP = ("GGUF skipped: Unsloth's exporter needs a built llama.cpp (llama-quantize and convert_hf_to_gguf.py) "
                 "in {folder} or UNSLOTH_LLAMA_CPP_PATH, and none is there; set BUILD_LLAMA_CPP=True (the command's "
@@ -73,7 +74,7 @@ def export_model(model, tokenizer, folder: str | Path, gguf: str = "q8_0", push_
     if problem := hub_problem(push_to_hub):
         raise ValueError(problem)
     folder = Path(folder)
-    merged = models.save_warm_start(model, tokenizer, folder)
+    merged = loading.save_warm_start(model, tokenizer, folder)
     saved = {"adapter": str(folder / "adapter") if (folder / "adapter").is_dir() else None, "merged": merged,
              "gguf": None, "hub": None}
     missing = gguf and llama_cpp_problem()

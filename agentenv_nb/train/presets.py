@@ -36,7 +36,8 @@ from typing import Any
 
 from agentenv_nb import settings
 from agentenv_nb.stack import import_unsloth, vllm_available
-from agentenv_nb.train import configs, vllm_sizing
+from agentenv_nb.train import configs
+from agentenv_nb.train.model import vllm_sizing
 
 # Where a setting goes; "small": the SFT of a small model, "trainer": GRPO's and SFT's
 PARTS = ("machine", "model", "lora", "grpo", "sft", "small", "trainer")
@@ -214,7 +215,7 @@ def training_precision(preset: Preset | str, host=None) -> str:
 def table(preset: Preset | str, config=None, model=None):
     """Every setting of ``preset`` by part, as a pandas DataFrame; with a GRPOConfig built from it (``grpo_config``),
     also what that config holds of each GRPO setting (enums by value): the run's own arguments, such as
-    ``max_steps``, show there; with the model ``models.load_model`` loaded, what it was loaded as (``load_in_4bit``,
+    ``max_steps``, show there; with the model ``loading.load_model`` loaded, what it was loaded as (``load_in_4bit``,
     ``vllm``), which the card's choice of vLLM's weights decides."""
     import pandas as pd
 
@@ -457,7 +458,7 @@ def sft_kwargs(preset: Preset | str, output_dir: str = "sft-outputs", max_steps:
 def async_grpo_kwargs(preset: Preset | str, output_dir: str = "outputs", max_steps: int | None = None,
                       save_steps: int | None = None, resume: bool | str = False, model_name: str | None = None,
                       **overrides: Any) -> dict:
-    """The AsyncGRPOConfig arguments of a preset (``train.grpo.async_grpo_trainer``): its GRPO settings that TRL's
+    """The AsyncGRPOConfig arguments of a preset (``train.grpo.trainer.async_grpo_trainer``): its GRPO settings that TRL's
     AsyncGRPOTrainer takes. That trainer has a loss of its own (each token's clipped ratio over the step's tokens:
     no loss_type, scale_rewards or beta, which the recipe sets to 0), generates ahead (``max_staleness``) instead of
     ``steps_per_generation``, and has no eval loop. Its step trains on the preset's rollouts, a micro-batch of
@@ -484,8 +485,8 @@ def async_grpo_config(preset: Preset | str, **kwargs: Any):
 
 def trainer_config(trainer: str, preset: Preset | str, **kwargs: Any):
     """The checked config of ``trainer`` (one of ``run.TRAINERS``: "grpo", ``grpo_config``; "async",
-    ``async_grpo_config``) for ``preset``; ``train.grpo.trainer_for`` makes the trainer it configures."""
-    from agentenv_nb.train.run import TRAINERS
+    ``async_grpo_config``) for ``preset``; ``train.grpo.trainer.trainer_for`` makes the trainer it configures."""
+    from agentenv_nb.train.grpo.run import TRAINERS
 
     if trainer not in TRAINERS:
         raise ValueError(f"unknown trainer {trainer!r}; choose one of {TRAINERS}")

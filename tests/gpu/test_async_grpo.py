@@ -1,4 +1,4 @@
-"""Unsloth's AsyncGRPOTrainer on one CUDA GPU (``train.grpo.async_grpo_trainer``): the random Qwen3-4B-shaped model
+"""Unsloth's AsyncGRPOTrainer on one CUDA GPU (``train.grpo.trainer.async_grpo_trainer``): the random Qwen3-4B-shaped model
 loaded with vLLM in the weights "24gb" chooses for the card (16-bit for this shape), held to an L4's 24 GB, trains
 two steps on GridSim through ``AgentEnv.local``, its rollout process playing ``env.factory`` pickled, built as
 notebook 03 builds it with TRAINER="async" (``presets.trainer_config``, ``trainer_for``); then the greedy eval after
@@ -55,14 +55,15 @@ def test_async_grpo_trains_two_steps_on_the_models_own_vllm_then_plays_there(mod
 
     from agentenv_nb import AgentEnv
     from agentenv_nb.tasks.gridsim import write_bundle
-    from agentenv_nb.train import models, presets
-    from agentenv_nb.train.grpo import trainer_for
+    from agentenv_nb.train import presets
+    from agentenv_nb.train.model import loading
+    from agentenv_nb.train.grpo.trainer import trainer_for
     from agentenv_nb.train.rollout import generator, play, summary
 
     torch.cuda.set_per_process_memory_fraction(min(1.0, 24e9 / torch.cuda.mem_get_info()[1]))  # an L4's 24 GB
     bundle = write_bundle(tmp_path / "gridsim", train=8, eval=4)
     with AgentEnv.local(bundle, split="train", sandbox="process", max_concurrent_envs=16) as env:
-        model, tokenizer = models.load_model(model_path, "24gb")  # the weights the preset chooses for the card
+        model, tokenizer = loading.load_model(model_path, "24gb")  # the weights the preset chooses for the card
         config = presets.trainer_config("async", "24gb", output_dir=str(tmp_path / "grpo"), max_steps=2,
                                         gradient_accumulation_steps=1, max_completion_length=256)
         trainer = trainer_for(model, tokenizer, config, env)

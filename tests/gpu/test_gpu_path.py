@@ -1,5 +1,5 @@
 """The GPU path, on a CUDA GPU only: the random Qwen3-4B-shaped model loaded in 4-bit through Unsloth
-(``models.load_model(path, "24gb")``), held to an L4's 24 GB, and one GRPO step through ``AgentEnv.local`` (GridSim,
+(``loading.load_model(path, "24gb")``), held to an L4's 24 GB, and one GRPO step through ``AgentEnv.local`` (GridSim,
 process sandbox) whose rollouts call the env's tools on the server. Skipped, without importing torch, where there is
 no NVIDIA driver, and where torch sees no CUDA GPU.
 
@@ -39,7 +39,7 @@ def model_path(tmp_path_factory) -> str:
     from agentenv_nb.stack import import_unsloth
 
     import_unsloth()  # before transformers and TRL load, so Unsloth patches them
-    from agentenv_nb.train.tiny import build_random_qwen3_4b
+    from agentenv_nb.train.model.tiny import build_random_qwen3_4b
 
     return os.environ.get("AGENTENV_NB_GPU_MODEL") or build_random_qwen3_4b(
         tmp_path_factory.mktemp("qwen3-4b-random") / "model", device="cuda")
@@ -72,15 +72,16 @@ def test_4bit_grpo_step_calls_tools_through_agentenv(model_path, tmp_path):
 
     from agentenv_nb import AgentEnv
     from agentenv_nb.notebook.preflight import check_gpu
-    from agentenv_nb.train import models, presets
-    from agentenv_nb.train.grpo import GRPOTrainer
+    from agentenv_nb.train import presets
+    from agentenv_nb.train.model import loading
+    from agentenv_nb.train.grpo.trainer import GRPOTrainer
     from agentenv_nb.tasks.gridsim import write_bundle
 
     torch.cuda.set_per_process_memory_fraction(min(1.0, 24e9 / torch.cuda.mem_get_info()[1]))  # an L4's 24 GB
     bundle = write_bundle(tmp_path / "gridsim", train=4, eval=1)
     with AgentEnv.local(bundle, split="train", sandbox="process", max_concurrent_envs=16) as env:
         four_bit = dataclasses.replace(presets.PRESETS["24gb"], vllm_weights="4bit")  # not the card's fastest
-        model, tokenizer = models.load_model(model_path, four_bit)
+        model, tokenizer = loading.load_model(model_path, four_bit)
         assert any(type(module).__name__ == "Linear4bit" for module in model.modules()), "not loaded in 4-bit"
         [gpu] = check_gpu(four_bit)  # notebook 03's second preflight: what the loaded model holds isn't missing
         assert gpu["status"] == "ok" and "this process holding" in gpu["detail"], gpu
@@ -108,7 +109,7 @@ def test_4bit_grpo_step_calls_tools_through_agentenv(model_path, tmp_path):
     assert logs[0]["tools/call_frequency"] > 0, "no tool call ran through the env"
     assert logs[0]["tools/failure_frequency"] == 0
     assert callers and all(name.startswith("agentenv_nb-tools") for name in callers), (
-        f"tool calls ran outside agentenv_nb.train.grpo's rounds (threads {sorted(set(callers))}): Unsloth's "
+        f"tool calls ran outside agentenv_nb.train.grpo.trainer's rounds (threads {sorted(set(callers))}): Unsloth's "
         "trainer no longer calls _tool_call_loop with the batch's _sync_tool_dicts")
     assert logs[0][f"scores/{env.name}/unscored"] == 0, "an episode ended unscored"
     assert torch.cuda.max_memory_reserved() <= 24e9

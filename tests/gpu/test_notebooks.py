@@ -92,7 +92,7 @@ def use_gpu_parameters(out: Path) -> str:
 def run_warm_start(out: Path) -> None:
     """Notebook 02 alone, as the test runs it, into ``out``: the warm start that bench/gpu_session.sh's GRPO probes
     train from (``GPU_SESSION=probes``)."""
-    from agentenv_nb.notebook.runner import run_notebooks
+    from agentenv_nb.notebook.demo import run_notebooks
 
     use_gpu_parameters(out)
     run_notebooks(out, timeout=3600, tiny=False, only="02")
@@ -102,7 +102,7 @@ def test_the_four_notebooks_train_a_real_model(tmp_path):
     import nbformat
     import pandas as pd
 
-    from agentenv_nb.notebook.runner import run_notebooks
+    from agentenv_nb.notebook.demo import run_notebooks
     from agentenv_nb.settings import PREFIX
 
     out = Path(os.environ.get("GPU_NOTEBOOKS_OUT") or tmp_path)

@@ -45,7 +45,9 @@ def test_vllm_play_matches_transformers_from_the_trained_lora(tmp_path, name):
     from agentenv_nb import AgentEnv
     from agentenv_nb.tasks.gridsim import write_bundle
     from agentenv_nb.tasks.gridsim.adapter import play_optimum
-    from agentenv_nb.train import demos, models, presets
+    from agentenv_nb.train import presets
+    from agentenv_nb.train.warm_start import demos
+    from agentenv_nb.train.model import loading
     from agentenv_nb.train.fit import fit
     from agentenv_nb.train.rollout import generator, play, summary
 
@@ -57,7 +59,7 @@ def test_vllm_play_matches_transformers_from_the_trained_lora(tmp_path, name):
     torch.cuda.set_per_process_memory_fraction(min(1.0, preset.gpu_gb * 1e9 / torch.cuda.mem_get_info()[1]))
     bundle = write_bundle(tmp_path / "gridsim", train=200, eval=EVAL_DAYS)  # 200 demonstrations: 0.79 on generate
     with AgentEnv.local(bundle, split="train", sandbox="process", max_concurrent_envs=EVAL_DAYS, processes=4) as env:
-        model, tokenizer = models.load_model(smollm2_gguf(), preset, "sft", models_dir=tmp_path / "models")
+        model, tokenizer = loading.load_model(smollm2_gguf(), preset, "sft", models_dir=tmp_path / "models")
         assert generator(model) == "vllm", "the SFT stage didn't load the model with vLLM"
         rows = env.dataset_for("eval", first=EVAL_DAYS)
         greedy = dict(batch_size=EVAL_DAYS, max_new_tokens=256, progress=False)

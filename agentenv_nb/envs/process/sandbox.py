@@ -46,10 +46,10 @@ from agent_env.providers.sandbox_providers.sandbox_provider import (
 )
 
 from agentenv_nb import settings
-from agentenv_nb.envs import deaths
-from agentenv_nb.envs.dockerfile import dockerfile_problem, read_dockerfile
-from agentenv_nb.envs.image import EnvImage, read_image, remove_images
-from agentenv_nb.envs.pool import EnvProcess, Pool, close_pools, pool_for
+from agentenv_nb.envs.process import deaths
+from agentenv_nb.envs.process.dockerfile import dockerfile_problem, read_dockerfile
+from agentenv_nb.envs.process.image import EnvImage, read_image, remove_images
+from agentenv_nb.envs.process.pool import EnvProcess, Pool, close_pools, pool_for
 from agentenv_nb.lifecycle import close_at_exit
 
 NAME = "process"
@@ -219,7 +219,7 @@ def trial(bundle: str | Path) -> None:
     this process already started, unchanged, isn't started again."""
     import concurrent.futures
 
-    from agentenv_nb.envs.pool import EnvStartError, Pool
+    from agentenv_nb.envs.process.pool import EnvStartError, Pool
     from agentenv_nb.envs.workdir import owned_prefix, share_with_envs, work_dir
 
     timeout, scratches = settings.get("env_start_timeout"), work_dir()  # a work dir others may write is refused first

@@ -32,8 +32,8 @@ from pathlib import Path
 import psutil
 
 from agentenv_nb import settings
-from agentenv_nb.envs import zygote
-from agentenv_nb.envs.image import EnvImage
+from agentenv_nb.envs.process import zygote
+from agentenv_nb.envs.process.image import EnvImage
 from agentenv_nb.envs.workdir import env_ids, owned_prefix, work_dir
 
 _POLL_S = 0.01

@@ -14,7 +14,7 @@ import os
 import typing
 
 SANDBOXES = ("auto", "process", "modal", "local")
-TRAINERS = ("grpo", "async")  # the trainers train.grpo.trainer_for makes, by presets.trainer_config
+TRAINERS = ("grpo", "async")  # the trainers train.grpo.trainer.trainer_for makes, by presets.trainer_config
 
 
 def servers_for_host(most: int = 8) -> int:

@@ -2,7 +2,7 @@
 format TRL's SFTTrainer takes, checked against the bundle's tools before any training.
 
     demos = read_demonstrations("demos.jsonl", env.factories)   # raises naming the line and what to fix
-    trainer = SFTTrainer(..., train_dataset=sft_dataset(demos))  # train.demos.sft_dataset
+    trainer = SFTTrainer(..., train_dataset=sft_dataset(demos))  # train.warm_start.demos.sft_dataset
 
 A line is ``{"messages": [...]}``, optionally with ``"tools"``: system, user, assistant and tool messages; an
 assistant message's ``tool_calls`` are ``{"type": "function", "function": {"name": ..., "arguments": {...}}}``, as

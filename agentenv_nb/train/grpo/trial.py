@@ -77,7 +77,7 @@ def trial_step(model, tokenizer, config, env) -> Measured:
     putting the trainable weights back after it."""
     import torch
 
-    from agentenv_nb.train.grpo import trainer_for
+    from agentenv_nb.train.grpo.trainer import trainer_for
 
     rows_a_step = config.per_device_train_batch_size * config.gradient_accumulation_steps
     length = config.max_completion_length
@@ -130,7 +130,7 @@ def check(model, tokenizer, config, env, preset, force: bool = False) -> str:
     import torch
 
     if torch.cuda.is_available():
-        from agentenv_nb.train.vllm_sizing import gpu_memory
+        from agentenv_nb.train.model.vllm_sizing import gpu_memory
 
         card, cap = gpu_memory()
         allowed = (cap or card) / 1e9

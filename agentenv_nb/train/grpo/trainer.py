@@ -3,7 +3,7 @@ ran) with a generation batch's tool calls run at once: TRL's loop calls them rol
 the last. ``async_grpo_trainer``: Unsloth's AsyncGRPOTrainer on one GPU, which generates the next rollouts on the
 model's own vLLM while this step's update runs, so a step tends to the longer of the two instead of their sum.
 
-    from agentenv_nb.train.grpo import GRPOTrainer      # instead of `from trl import GRPOTrainer`
+    from agentenv_nb.train.grpo.trainer import GRPOTrainer      # instead of `from trl import GRPOTrainer`
     trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=config, train_dataset=env.dataset,
                           environment_factory=env.factory, reward_funcs=env.reward_funcs, callbacks=[env.metrics])
 
@@ -108,13 +108,13 @@ def async_grpo_trainer(model, processing_class, args, env, callbacks=()):
     """Unsloth's AsyncGRPOTrainer (TRL 1.15's ``trl.experimental.async_grpo``, which Unsloth patches to serve the
     model's own vLLM engine on localhost) training on ``env``'s tasks, with ``args`` from
     ``presets.async_grpo_config``. It needs what Unsloth asks of it: the model loaded with vLLM
-    (``fast_inference``, as ``models.load_model`` does on a GPU where vLLM imports) and LoRA. Its rollout process
+    (``fast_inference``, as ``loading.load_model`` does on a GPU where vLLM imports) and LoRA. Its rollout process
     plays ``env.factory`` (pickled), a session a rollout in flight, so ``args.max_inflight_tasks`` is at most the
     servers' sessions. Each rollout's reward is its env's; eval and per-score metrics are GRPOTrainer's only."""
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
     from agentenv_nb.train.rollout import generator
-    from agentenv_nb.train.sessions import capacity_problem
+    from agentenv_nb.train.grpo.sessions import capacity_problem
 
     if generator(model) != "vllm":
         raise ValueError("async_grpo_trainer generates on the model's own vLLM engine, and this model has none: load "

@@ -1,6 +1,6 @@
 """Run the four notebooks top to bottom on the tiny bundle and model, on CPU, and keep what they made:
 
-    python -m agentenv_nb.demo runs/demo
+    python -m agentenv_nb.notebook.demo runs/demo
 
 writes the executed notebooks, the run (bundle, SFT model, GRPO checkpoints and logs) and the eval curve (PNG
 and CSV) under ``runs/demo``, and prints each notebook's wall time. ``AGENTENV_NB_*`` variables change any
@@ -92,7 +92,7 @@ def plain_error(error: CellExecutionError | CellTimeoutError) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m agentenv_nb.demo", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m agentenv_nb.notebook.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", nargs="?", default="runs/demo", help="the folder to write to (default runs/demo)")
     parser.add_argument("--only", default="[0-9][0-9]", help="the notebooks to run, by number or a glob of it: "
@@ -105,3 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     ran = "all four" if len(times) == 4 else ", ".join(times)
     print(f"{ran}: {sum(times.values()):.1f} s; the run is in {args.out}/run")
+
+
+if __name__ == "__main__":
+    main()

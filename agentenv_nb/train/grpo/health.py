@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from agentenv_nb.train.progress import log_numbers
+from agentenv_nb.train.live import log_numbers
 from transformers import TrainerCallback
 from transformers.utils.import_utils import is_in_notebook
 

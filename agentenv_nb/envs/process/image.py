@@ -13,9 +13,9 @@ from pathlib import Path
 from agent_env.config import get_config
 from agent_env.utils.docker.context import extract
 
-from agentenv_nb.envs.dockerfile import ImageError, read_dockerfile
+from agentenv_nb.envs.process.dockerfile import ImageError, read_dockerfile
 from agentenv_nb.envs.workdir import owned_prefix, share_with_envs, work_dir
-from agentenv_nb.envs.zygote import outside_imports
+from agentenv_nb.envs.process.zygote import outside_imports
 
 
 @dataclass(frozen=True)

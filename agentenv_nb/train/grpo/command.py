@@ -5,8 +5,8 @@ starts on N GPUs as data parallel (docs/scale-out.md).
     torchrun --nproc_per_node 2 -m agentenv_nb.train --run-dir runs/gridsim   # two GPUs, one model copy each
     accelerate launch --num_processes 2 -m agentenv_nb.train --env-url http://env-host:8000 --max-concurrent-envs 128
 
-The same parameters and building blocks as the notebook: ``models.load_model``, ``presets.trainer_config``,
-``AgentEnv``, ``train.grpo.trainer_for`` (``--trainer``: TRL's GRPOTrainer, or Unsloth's AsyncGRPOTrainer on one GPU)
+The same parameters and building blocks as the notebook: ``loading.load_model``, ``presets.trainer_config``,
+``AgentEnv``, ``train.grpo.trainer.trainer_for`` (``--trainer``: TRL's GRPOTrainer, or Unsloth's AsyncGRPOTrainer on one GPU)
 with ``env.metrics`` and the console live view, ``fit`` (which resumes from the run's last checkpoint). Each rank
 trains on its own rows of every generation batch on its own GPU, with its own vLLM engine where the preset generates
 on vLLM, sized and capped on that GPU (``launch``, ``vllm_sizing``); rank 0 serves the envs for all ranks (``ranks``),
@@ -27,9 +27,9 @@ from pathlib import Path
 from agentenv_nb import settings
 from agentenv_nb.train import earlier_steps
 from agentenv_nb.train.export import hub_problem
-from agentenv_nb.train.launch import ASYNC_EVALS, launch_problem
+from agentenv_nb.train.grpo.launch import ASYNC_EVALS, launch_problem
 from agentenv_nb.train.presets import AUTO, PRESETS
-from agentenv_nb.train.run import SANDBOXES, TRAINERS, GRPORun
+from agentenv_nb.train.grpo.run import SANDBOXES, TRAINERS, GRPORun
 from agentenv_nb.train.tracking import REPORT_TO, report_to_problem
 
 PROG = "python -m agentenv_nb.train"
@@ -65,7 +65,7 @@ def parser() -> argparse.ArgumentParser:
     _option(p, "reward")  # a name or a step id: reaches the server processes as notebook 03's does
     _option(p, "toolsets", choices=("first", "each"))
     p.add_argument("--env-url", action="append", metavar="URL", help="play envs served elsewhere (python -m "
-                   "agentenv_nb.serve on an env host) instead of serving here; repeat for several servers")
+                   "agentenv_nb.envs.serve on an env host) instead of serving here; repeat for several servers")
     _option(p, "report_to", choices=REPORT_TO)
     _option(p, "gguf", metavar="QUANT")  # beside the adapter and the merged model in RUN_DIR/trained
     _option(p, "build_llama_cpp", action="store_true")
@@ -178,16 +178,16 @@ def train(args, model_name: str, serving) -> None:
 
 
 def _train(args, model_name: str, serving, config, state) -> None:
-    from agentenv_nb.train import models
+    from agentenv_nb.train.model import loading
     from agentenv_nb.train.export import export_model
-    from agentenv_nb.train.grpo import trainer_for
-    from agentenv_nb.train import trial
+    from agentenv_nb.train.grpo.trainer import trainer_for
+    from agentenv_nb.train.grpo import trial
     from agentenv_nb.train.fit import fit
-    from agentenv_nb.train.progress import ConsoleLivePlot
-    from agentenv_nb.train.ranks import close_for_ranks, envs_for_ranks
+    from agentenv_nb.train.live import ConsoleLivePlot
+    from agentenv_nb.train.grpo.ranks import close_for_ranks, envs_for_ranks
     from agentenv_nb.train.rollout import greedy_evals, play, summary
     from agentenv_nb.tasks.bundles import toolset_count
-    from agentenv_nb.train.sessions import capacity_problem, sessions_needed
+    from agentenv_nb.train.grpo.sessions import capacity_problem, sessions_needed
 
     if args.trainer == "async":
         print(ASYNC_EVALS + ("" if args.eval_days else ", and --eval-days 0 plays none"))
@@ -209,7 +209,7 @@ def _train(args, model_name: str, serving, config, state) -> None:
     except ConnectionError as error:  # an --env-url where no env server answers
         raise UsageError(str(error)) from None
     try:
-        model, tokenizer = models.load_model(model_name, args.preset)
+        model, tokenizer = loading.load_model(model_name, args.preset)
         env.check(tokenizer)
         live = [ConsoleLivePlot()] if state.is_main_process else []  # the others' logs are the same numbers
         trainer = trainer_for(model, tokenizer, config, env, callbacks=[env.metrics, *live])  # --trainer's

@@ -1,5 +1,5 @@
 """Where notebook 02's warm start learns from, picked for the bundle: its expert where a task adapter has one, else the
-demonstrations a user gives (a JSONL, ``train.user_demos``), else the model's own best rollouts (self-distillation);
+demonstrations a user gives (a JSONL, ``train.warm_start.user_demos``), else the model's own best rollouts (self-distillation);
 and whether it learnt.
 
     start = choose(bundle, env, demos="my-demos.jsonl")   # says which, and why
@@ -14,10 +14,10 @@ from pathlib import Path
 
 from agentenv_nb.stops import Stop
 from agentenv_nb.tasks.adapters import adapter_for
-from agentenv_nb.train import demos as demo_data
+from agentenv_nb.train.warm_start import demos as demo_data
 from agentenv_nb.train import presets
 from agentenv_nb.train.rollout import Rollout
-from agentenv_nb.train.user_demos import read_demonstrations
+from agentenv_nb.train.warm_start.user_demos import read_demonstrations
 
 EXPERT, DEMONSTRATIONS, SELF_DISTILLATION = "expert", "demonstrations", "self-distillation"
 TOOL_CALL_RATE = 0.5  # the share of eval tasks with a tool call below which the warm start didn't learn the tools

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from agentenv_nb.library_log import to_log
 from agentenv_nb.stack import import_unsloth
-from agentenv_nb.train import presets, vllm_sizing
-from agentenv_nb.train.tool_template import use_tool_template
+from agentenv_nb.train import presets
+from agentenv_nb.train.model import vllm_sizing
+from agentenv_nb.train.model.tool_template import use_tool_template
 
 TINY = "tiny"
 
@@ -43,7 +44,7 @@ def load_model(name: str, preset: str, stage: str = "grpo", *, corpus: Iterable[
     vllm_sizing.hold_to_budget()
     with to_log("loading the model"):
         if name == TINY:
-            from agentenv_nb.train.tiny import build_tiny_model
+            from agentenv_nb.train.model.tiny import build_tiny_model
 
             name = build_tiny_model(Path(models_dir) / "tiny-qwen3", corpus_texts=corpus)
         elif gguf := gguf_file(name):

@@ -9,7 +9,7 @@ and calls take the ``<tool_call>`` JSON form of TRL's Qwen3 template, parsed by 
 anchored on the model's assistant header and end-of-turn token. The end-of-turn token becomes the tokenizer's EOS:
 generation stops there, as TRL's GRPO expects.
 
-    from agentenv_nb.train.tool_template import use_tool_template
+    from agentenv_nb.train.model.tool_template import use_tool_template
     use_tool_template(tokenizer)    # load_model does this; prints one line when it changes the template
 """
 

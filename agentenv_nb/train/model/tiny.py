@@ -13,7 +13,7 @@ The 4B-shaped model measures time and memory honestly where no weights can be do
 
 Usage::
 
-    from agentenv_nb.train.tiny import build_tiny_model, build_random_qwen3_4b
+    from agentenv_nb.train.model.tiny import build_tiny_model, build_random_qwen3_4b
 
     path = build_tiny_model("models/tiny-qwen3", corpus_texts=[system_prompt, tools_json])
     path = build_tiny_model("models/tiny-qwen3.5", family="qwen3.5")   # Qwen3.5's layers and tool-call format
