@@ -1,8 +1,9 @@
 """One TLS context for every httpx client of the server's process that asks for the default one.
 
-httpx builds and parses the CA bundle for each client it makes (about 20 ms of CPU; encode/httpx#3473), and
-agent_env makes a client for each request: an open episode polls its turn ten times a second, so 16 episodes kept
-two cores busy before any tool ran. Sharing the default context changes nothing a client verifies.
+httpx builds and parses the CA bundle for each client it makes (encode/httpx#3473), and agent_env makes a client for
+each request: an open episode polls its turn ten times a second, so a few open episodes keep the server's CPU busy
+before any tool runs (what it cost: docs/benchmarks.md, "Tool calls at full concurrency"). Sharing the default
+context changes nothing a client verifies.
 
     share_default_context()   # once, in the process that serves agent_env
 """

@@ -282,7 +282,8 @@ class Pool:
 
     def _shrink(self) -> None:
         """After a burst, once none was taken for AGENTENV_NB_IDLE_TIMEOUT seconds, keep only ``size`` ready (or as
-        many as are in use, if more): a burst's warm processes (56 MB each) would otherwise stay till the pool closes."""
+        many as are in use, if more): a burst's warm processes, each an interpreter's memory, would otherwise stay till
+        the pool closes."""
         with self._lock:
             if time.monotonic() - self._taken_at < self._idle_after:
                 return

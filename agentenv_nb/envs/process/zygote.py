@@ -71,7 +71,7 @@ def become(process: dict) -> None:
         _guard_uvicorn(process["secret"])
         threading.Thread(target=_mark_ready, args=(process["port"], root), daemon=True).start()
         # Plain-text logging, set first, so a server's own basicConfig (FastMCP's renders each traceback with rich,
-        # about 0.1 s of CPU for the one every MCP session's close logs) leaves it be.
+        # costly for the one every MCP session's close logs, while the env answers nothing) leaves it be.
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
         os.environ.clear()
         os.environ.update(process["env"])
@@ -149,7 +149,7 @@ def _listening_here(port: int) -> bool:
     """Whether a process of this env's process group (this one, or a server it started) listens on TCP ``port``."""
     if any(_listens(c, port) for c in _sockets(psutil.Process())):  # as usual: the script serves in this process
         return True
-    try:  # every listener with its process: about twice the CPU of this process's own, so second
+    try:  # every listener with its process: costlier than this process's own sockets, so second
         owners = {c.pid for c in psutil.net_connections(kind="tcp") if _listens(c, port)}
     except psutil.AccessDenied:  # the tables themselves are closed to this process
         owners = {None}
