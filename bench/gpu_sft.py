@@ -63,8 +63,7 @@ def run_sft(args, timer, result: dict) -> None:
 
             args.model = build_tiny_model(Path(args.work) / "tiny", corpus_texts=loading.corpus(kept))
         model, tokenizer = loading.load_model(args.model, args.preset, "sft", models_dir=Path(args.work) / "models")
-        config = presets.sft_config(args.preset, output_dir=str(Path(args.work) / "sft"),
-                                    model_parameters=model.num_parameters(),
+        config = presets.sft_config(args.preset, output_dir=str(Path(args.work) / "sft"), model=model,
                                     **({} if args.steps < 0 else {"max_steps": args.steps}), **bench.settings(args.set))
         trainer = SFTTrainer(model=model, processing_class=tokenizer, train_dataset=demos.sft_dataset(kept),
                              args=config, callbacks=[timer])

@@ -4,7 +4,8 @@ on a GPU only (tests/gpu/test_async_grpo.py)."""
 
 import pytest
 
-from agentenv_nb.train import configs, presets
+from agentenv_nb.train import presets
+from agentenv_nb.train.presets import configs
 
 
 def test_the_async_config_keeps_the_recipes_settings_it_takes(tmp_path):

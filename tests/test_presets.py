@@ -9,7 +9,8 @@ import dataclasses
 
 import pytest
 
-from agentenv_nb.train import configs, presets
+from agentenv_nb.train import presets
+from agentenv_nb.train.presets import configs
 
 # The recipe page's train.py, on a 24 GB GPU.
 RECIPE = {
@@ -132,15 +133,15 @@ def test_vllm_is_sized_to_the_memory_a_run_may_use(monkeypatch):
         settings.get("gpu_memory_gb")
 
 
-def test_a_small_model_gets_the_warm_start_measured_for_it_and_a_large_one_the_recipes():
-    small = presets.sft_kwargs("24gb", model_parameters=135_000_000)
-    large = presets.sft_kwargs("24gb", model_parameters=4_000_000_000)
+def test_a_small_model_gets_the_warm_start_measured_for_it_and_a_large_one_the_recipes(tiny_model):
+    large_here = dataclasses.replace(presets.PRESETS["24gb"], small_model_below=1_000)  # the tiny model is large here
+    small, large = presets.sft_kwargs("24gb", model=tiny_model), presets.sft_kwargs(large_here, model=tiny_model)
     assert (small["num_train_epochs"], small["learning_rate"]) == (6, 1e-3)
     batch = lambda kwargs: (kwargs["per_device_train_batch_size"], kwargs["gradient_accumulation_steps"])  # noqa: E731
     assert batch(small) == (16, 1) and batch(large) == (4, 4)  # one pass of the same 16 conversations a step
     assert (large["num_train_epochs"], large["learning_rate"]) == (1, 1e-4) == (
         presets.sft_kwargs("24gb")["num_train_epochs"], presets.sft_kwargs("24gb")["learning_rate"])
-    assert presets.sft_kwargs("cpu-tiny", model_parameters=1_000)["learning_rate"] == 3e-3  # the tiny model's own
+    assert presets.sft_kwargs("cpu-tiny", model=tiny_model)["learning_rate"] == 3e-3  # the tiny model's own
 
 
 def test_grpo_on_a_small_model_gets_its_measured_settings_counted_from_the_model_folder(tiny_model):
@@ -148,8 +149,30 @@ def test_grpo_on_a_small_model_gets_its_measured_settings_counted_from_the_model
     grpo = lambda kwargs: (kwargs["learning_rate"], kwargs["temperature"], kwargs["lr_scheduler_type"])  # noqa: E731
     assert grpo(presets.grpo_kwargs("24gb", model_name=tiny_model)) == (1e-4, 0.7, "constant")
     assert grpo(presets.grpo_kwargs("24gb")) == (2e-5, 1.1, "cosine")  # the recipe's, for a model not named
-    assert presets.grpo_temperature("24gb", 135_000_000) == 0.7 and presets.grpo_temperature("24gb") == 1.1
+    assert presets.grpo_temperature("24gb", tiny_model) == 0.7 and presets.grpo_temperature("24gb") == 1.1
     assert presets.grpo_kwargs("24gb", model_name=tiny_model, learning_rate=3e-5)["learning_rate"] == 3e-5  # --set
     assert presets.grpo_kwargs("cpu-tiny", model_name=tiny_model)["learning_rate"] == 3e-4  # no small settings there
     big = dataclasses.replace(presets.PRESETS["24gb"], small_model_below=1_000)
     assert grpo(presets.grpo_kwargs(big, model_name=tiny_model)) == (2e-5, 1.1, "cosine")
+
+
+def test_the_sft_of_a_loaded_model_and_the_grpo_of_its_folder_agree_on_whether_it_is_small(tiny_model):
+    """Notebook 02 asks of the model it loaded (with LoRA attached), notebook 03 of the folder it loads: the same
+    answer at the threshold itself, where LoRA's own weights would tip a count of the loaded model over it."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from agentenv_nb.train.model import vllm_sizing
+
+    recipe = presets.PRESETS["24gb"]
+    loaded = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model),
+                            LoraConfig(r=recipe.lora_r, target_modules=list(recipe.lora_targets)))
+    counted = vllm_sizing.parameter_count(tiny_model)
+    assert loaded.num_parameters() > counted  # what the loaded model counts of itself: LoRA's weights too
+    for below, small in ((counted + 1, True), (counted, False)):
+        preset = dataclasses.replace(recipe, small_model_below=below)
+        assert presets.small_model(preset, loaded) is presets.small_model(preset, tiny_model) is small
+        assert (presets.sft_kwargs(preset, model=loaded)["learning_rate"] == preset.small_sft_learning_rate) is small
+        assert (presets.grpo_kwargs(preset, model_name=tiny_model)["learning_rate"]
+                == preset.small_learning_rate) is small
+        assert (presets.grpo_temperature(preset, loaded) == preset.small_temperature) is small

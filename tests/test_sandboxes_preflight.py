@@ -25,6 +25,7 @@ from agentenv_nb.envs import modal_credentials
 from agentenv_nb.envs.process import sandbox as process_sandbox
 from agentenv_nb.envs.choice import SandboxError, choose_sandbox
 from agentenv_nb.train import presets
+from agentenv_nb.train.presets import choices
 
 AGENT_ENV_EXAMPLES = Path(__import__("agent_env").__file__).parent / "examples"
 
@@ -259,7 +260,7 @@ def test_an_l4_is_checked_for_the_weights_vllm_loads_and_not_again_once_the_mode
     for name, seen in {"is_available": lambda: True, "mem_get_info": lambda *_: (free[0], 22.5 * 2**30),
                        "get_device_name": lambda *_: "NVIDIA L4", "memory_reserved": lambda *_: reserved[0]}.items():
         monkeypatch.setattr(torch.cuda, name, seen)
-    monkeypatch.setattr(presets, "fast_inference", lambda preset: True)  # vLLM, as on a GPU host
+    monkeypatch.setattr(choices, "fast_inference", lambda preset: True)  # vLLM, as on a GPU host
     [row] = pf.check_gpu("24gb")
     assert row["status"] == "fail" and "18.0 of 22.5 GB free; the 24gb preset needs 21" in row["detail"]
     assert row["fix"].endswith("or 4-bit weights for vLLM, which need 17 GB (AGENTENV_NB_VLLM_WEIGHTS=4bit)")

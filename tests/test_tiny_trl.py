@@ -10,7 +10,8 @@ import random
 
 import pytest
 
-from agentenv_nb.train import configs, presets
+from agentenv_nb.train import presets
+from agentenv_nb.train.presets import configs
 from agentenv_nb.stack import import_unsloth
 
 pytestmark = pytest.mark.slow

@@ -42,15 +42,46 @@ def test_the_card_chooses_the_fastest_precision_and_says_why_in_one_line(capabil
 
 
 def test_the_gpu_a_run_needs_follows_the_weights_named_for_vllm(monkeypatch):
-    """Preflight's need: 16-bit weights' whole process (Qwen3-4B: 20.8 GiB) unless 4-bit or fp8 ones are named
-    (16.6 and 16.7 GiB), and less again without vLLM."""
-    assert presets.gpu_need_gb("24gb", vllm=True) == 21.0  # "auto": the card may choose 16-bit
-    assert presets.gpu_need_gb("24gb", "4bit", vllm=True) == presets.gpu_need_gb("24gb", "fp8", vllm=True) == 17.0
-    assert presets.gpu_need_gb("24gb", "16bit", vllm=True) == 21.0 and presets.gpu_need_gb("16bit", vllm=True) == 40.0
-    assert presets.gpu_need_gb("24gb", "4bit", vllm=False) == 13.0
+    """Preflight's need: 16-bit weights' whole process unless 4-bit or fp8 ones are named, and less again without
+    vLLM (the figures: docs/benchmarks.md)."""
+    assert presets.gpu_need_gb("24gb", vllm=True) == 21.0  # "auto" and no model named: the card may choose 16-bit
+    assert presets.gpu_need_gb("24gb", weights="4bit", vllm=True) == 17.0
+    assert presets.gpu_need_gb("24gb", weights="fp8", vllm=True) == 17.0
+    assert presets.gpu_need_gb("24gb", weights="16bit", vllm=True) == 21.0
+    assert presets.gpu_need_gb("16bit", vllm=True) == 40.0
+    assert presets.gpu_need_gb("24gb", weights="4bit", vllm=False) == 13.0
     monkeypatch.setenv("AGENTENV_NB_VLLM_WEIGHTS", "fp8")
-    assert presets.named_weights("24gb") == "fp8" and presets.gpu_need_gb("24gb", vllm=True) == 17.0
-    assert presets.named_weights("16bit") == "16bit"  # a preset that names its weights keeps them
+    assert presets.vllm_weights("24gb") == "fp8" and presets.gpu_need_gb("24gb", vllm=True) == 17.0
+    assert presets.vllm_weights("16bit") == "16bit"  # a preset that names its weights keeps them
+
+
+def _a_card(monkeypatch, total: float, capability: tuple[int, int], free: float | None = None) -> None:
+    """torch.cuda as a card of ``total`` bytes and compute ``capability`` would show it (no GPU here); nothing held."""
+    import torch
+
+    for name, fake in {"is_available": lambda: True, "current_device": lambda: 0,
+                       "mem_get_info": lambda *_: (total if free is None else free, total),
+                       "get_per_process_memory_fraction": lambda *_: 1.0, "get_device_name": lambda *_: "a card",
+                       "memory_reserved": lambda *_: 0, "get_device_capability": lambda *_: capability}.items():
+        monkeypatch.setattr(torch.cuda, name, fake)
+    monkeypatch.delenv("AGENTENV_NB_GPU_MEMORY_GB", raising=False)
+    monkeypatch.delenv("AGENTENV_NB_VLLM_WEIGHTS", raising=False)
+
+
+def test_preflight_counts_the_memory_of_the_weights_the_model_loads_in(monkeypatch, tmp_path):
+    """On a T4 the "16gb" preset loads Qwen3-4B for vLLM in 4-bit (16-bit weights and a step's KV cache exceed its
+    share): preflight asks for the free memory that run needs, not a 16-bit one's, so 13 GiB free passes."""
+    from agentenv_nb.notebook.preflight import check_gpu
+    from agentenv_nb.train.presets import choices
+
+    _a_card(monkeypatch, 15.8e9, (7, 5), free=13 * 2**30)
+    monkeypatch.setattr(choices, "fast_inference", lambda preset: True)  # vLLM, as on a GPU host
+    model = qwen3_4b_config(tmp_path)
+    assert presets.model_kwargs("16gb", model)["load_in_4bit"]  # the load: 4-bit weights
+    [row] = check_gpu("16gb", model)
+    assert row["status"] == "ok" and row["detail"].endswith("the 16gb preset needs 12")
+    [row] = check_gpu("16gb", str(tmp_path / "not-saved-yet"))  # notebook 02 not run: the most it may need
+    assert row["status"] == "fail" and row["detail"].endswith("the 16gb preset needs 14")
 
 
 def test_the_16bit_weights_and_a_steps_kv_cache_are_counted_from_the_config_alone(tmp_path):
@@ -76,13 +107,7 @@ def test_a_named_precision_is_what_unsloth_loads_with_vllm(weights, loaded_in):
     ("L4", 23.6e9, "16bit", 0.69), ("T4", 15.8e9, "4bit", 0.5)])
 def test_the_24gb_preset_loads_qwen3_4b_in_what_the_card_fits(monkeypatch, tmp_path, capsys, card, total, weights,
                                                               share):
-    import torch
-
-    for name, fake in {"is_available": lambda: True, "current_device": lambda: 0,
-                       "mem_get_info": lambda *_: (total, total), "get_per_process_memory_fraction": lambda *_: 1.0,
-                       "get_device_capability": lambda *_: (8, 9) if card == "L4" else (7, 5)}.items():
-        monkeypatch.setattr(torch.cuda, name, fake)
-    monkeypatch.delenv("AGENTENV_NB_GPU_MEMORY_GB", raising=False)
+    _a_card(monkeypatch, total, (8, 9) if card == "L4" else (7, 5))
     kwargs = presets.model_kwargs("24gb", qwen3_4b_config(tmp_path), fast_inference=True)
     assert kwargs["load_in_4bit"] == (weights == "4bit") and "load_in_fp8" not in kwargs
     assert kwargs["gpu_memory_utilization"] == round(share, 4)  # of the whole card: it is the preset's own size

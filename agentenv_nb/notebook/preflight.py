@@ -39,7 +39,7 @@ from agentenv_nb.train.presets import Preset, gpu_need_gb, named, training_preci
 from agentenv_nb.train.tracking import report_to_problem
 
 COLUMNS = ["check", "status", "detail", "fix"]
-THINKING_BUDGET = 6144  # the recipe page: Qwen3-4B's thinking on a GridSim day ran past 6,144 tokens before any tool call
+THINKING_BUDGET = 6144  # the recipe page: Qwen3-4B's thinking on a GridSim day ran past this before any tool call
 CPU_PINS = ("trl", "transformers", "unsloth")  # what the CPU path (stock TRL after unsloth's patch) depends on
 TRAINER_STACK = {"torch", "unsloth", "unsloth-zoo", "trl", "transformers", "vllm", "vllm-bnb-plugin", "bitsandbytes",
                  "peft", "agentenv-framework"}  # a different version here fails; elsewhere it warns
@@ -59,12 +59,17 @@ def _row(check: str, status: str, detail: str, fix: str = "") -> dict:
     return {"check": check, "status": status, "detail": detail, "fix": fix}
 
 
-def check_gpu(preset: Preset | str) -> list[dict]:
-    """The GPU's name and free memory against what ``preset`` needs (``presets.gpu_need_gb``), before this process
-    holds any of it: once the model is loaded, what it holds; no GPU fails a GPU preset."""
+def check_gpu(preset: Preset | str, model: str | None = None) -> list[dict]:
+    """The GPU's name and free memory against what ``preset`` needs for ``model`` (``presets.gpu_need_gb``: in the
+    precision of vLLM's weights the model will load in), before this process holds any of it: once the model is
+    loaded, what it holds; no GPU fails a GPU preset."""
     import torch
 
-    need, name = gpu_need_gb(preset), named(preset).name
+    try:
+        need = gpu_need_gb(preset, model)
+    except OSError:  # no model there to size yet (the warm start's row says why): the most the preset may need
+        need = gpu_need_gb(preset)
+    name = named(preset).name
     if not torch.cuda.is_available():
         if not need:
             return [_row("gpu", "ok", f"no GPU; the {name} preset runs on the CPU")]
@@ -82,7 +87,7 @@ def check_gpu(preset: Preset | str) -> list[dict]:
     fix = ("restart the runtime to free what earlier cells hold, or stop other processes on the GPU (nvidia-smi)"
            if total >= need else f"a GPU with at least {need:.0f} GB, or a smaller preset ('24gb' needs "
                                  f"{gpu_need_gb('24gb'):.0f} GB)")
-    if (quantized := gpu_need_gb(preset, "4bit")) < need:
+    if (quantized := gpu_need_gb(preset, weights="4bit")) < need:
         fix += f"; or 4-bit weights for vLLM, which need {quantized:.0f} GB (AGENTENV_NB_VLLM_WEIGHTS=4bit)"
     return [_row("gpu", "fail", seen, fix)]
 
@@ -349,11 +354,11 @@ def preflight(preset: Preset | str = "auto", env=None, split: str = "train", tok
     on any fail.
     """
     named(preset)  # an unknown name is refused before any check runs
-    rows = check_host(preset, host) + check_gpu(preset) + check_vllm(preset) + check_versions(preset, host)
-    rows, environments = rows + check_import_order(), 1
     if run_dir is not None:
-        rows += check_warm_start(run_dir, warm_start)
         model = model or earlier_steps.warm_start(run_dir, warm_start)
+    rows = check_host(preset, host) + check_gpu(preset, model) + check_vllm(preset) + check_versions(preset, host)
+    rows, environments = rows + check_import_order(), 1
+    rows += check_warm_start(run_dir, warm_start) if run_dir is not None else []
     rows += check_trainer(trainer, preset) if trainer is not None else []
     if env is not None:
         rows += check_server(env, split)

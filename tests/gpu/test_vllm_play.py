@@ -66,8 +66,7 @@ def test_vllm_play_matches_transformers_from_the_trained_lora(tmp_path, name):
         base_calls = sum(len(calls(r)) for r in play(model, tokenizer, env.factory, rows, **greedy))
 
         shown = demos.expert_demonstrations(play_optimum, env.factory, env.dataset, concurrency=EVAL_DAYS)
-        config = presets.sft_config(preset, output_dir=str(tmp_path / "sft"),
-                                    model_parameters=model.num_parameters())  # the small model's six epochs
+        config = presets.sft_config(preset, output_dir=str(tmp_path / "sft"), model=model)  # a small model's epochs
         fit(SFTTrainer(model=model, processing_class=tokenizer, args=config,
                        train_dataset=demos.sft_dataset(d for d in shown if d["reward"] == 1.0)))
 

@@ -1,7 +1,7 @@
 """Load a model for a preset through Unsloth (its GPU path, or its CPU path for the tiny model), and save a
 warm start as both a LoRA adapter and a merged 16-bit model for the next notebook.
 
-    model, tokenizer = load_model("unsloth/Qwen3-4B", "24gb")           # 4-bit, LoRA attached
+    model, tokenizer = load_model("unsloth/Qwen3-4B", "24gb")           # LoRA attached
     model, tokenizer = load_model("SmolLM2-135M-Instruct.Q4_1.gguf", "24gb")  # a GGUF file, made a model folder once
     merged = save_warm_start(model, tokenizer, "runs/gridsim/sft")       # sft/adapter, sft/merged
     model, tokenizer = load_model("tiny", "cpu-tiny", corpus=texts)      # the offline tiny model
@@ -119,8 +119,8 @@ def from_gguf(gguf: Path, folder: Path) -> str:
 
 def save_warm_start(model, tokenizer, folder: str | Path) -> str:
     """Save the LoRA adapter to ``folder/adapter`` and the merged 16-bit model to ``folder/merged``, which GRPO
-    loads (in 4-bit again on a 24 GB GPU); a fully fine-tuned model has no adapter, only ``merged``. Returns the
-    merged model's folder."""
+    loads (in the precision its preset chooses there); a fully fine-tuned model has no adapter, only ``merged``.
+    Returns the merged model's folder."""
     folder = Path(folder)
     if not hasattr(model, "peft_config"):
         with to_log("saving the model"):

@@ -11,11 +11,10 @@ on N GPUs each process sizes and caps its own, as one such card each.
     hold_to_budget()   # with AGENTENV_NB_GPU_MEMORY_GB=24 on a larger card: the whole run as on a 24 GB one
     choice, why = choose_weights((8, 9), vllm_16bit_bytes=16.6e9, weights_16bit_bytes=8.0e9, kv_cache_bytes=4.8e9)
 
-The precision (``Preset.vllm_weights``; "auto", the card's choice) in the order a GRPO step on the Qwen3-4B shape
-ran on the H200 held to 24 GB (docs/benchmarks.md): 16-bit where the weights and a step's KV cache fit the share
-vLLM takes with them (1.6x faster than the recipe's 4-bit), else fp8 where Unsloth quantizes to it as it loads
-(``load_in_fp8=True``: vLLM's online per-channel fp8, the training model's frozen base the same weights; 1.2x), else
-the recipe's 4-bit.
+The precision (``Preset.vllm_weights``; "auto", the card's choice) in the order of speed (docs/benchmarks.md):
+16-bit where the weights and a step's KV cache fit the share vLLM takes with them, else fp8 where Unsloth quantizes
+to it as it loads (``load_in_fp8=True``: vLLM's online per-channel fp8, the training model's frozen base the same
+weights), else the recipe's 4-bit.
 """
 
 from __future__ import annotations
@@ -26,8 +25,8 @@ from agentenv_nb import settings
 
 WEIGHTS = settings.SETTINGS["vllm_weights"].choices  # 16bit, fp8, 4bit: in the order "auto" tries them
 # Unsloth 2026.10.9 quantizes to fp8 on the fly from compute capability 9.0 (Hopper, Blackwell): it refuses Ada
-# (8.9: the L4, RTX 40), whose cards have fp8 too (loader_utils._get_fp8_mode_and_check_settings; tests/test_presets.py
-# fails when that changes)
+# (8.9: the L4, RTX 40), whose cards have fp8 too (loader_utils._get_fp8_mode_and_check_settings; a test fails
+# when that changes)
 FP8_FROM = (9, 0)
 
 
@@ -98,16 +97,16 @@ def choose_weights(capability: tuple[int, int], vllm_16bit_bytes: float, weights
                     f"(from {FP8_FROM[0]}.{FP8_FROM[1]})")
 
 
-def parameter_count(model_name: str) -> int:
-    """The parameters of ``model_name`` (a folder or a Hub id), counted from its config on the meta device: nothing
-    loaded."""
+def parameter_count(model) -> int:
+    """The parameters of ``model`` (a folder, a Hub id, or a loaded model), counted from its config on the meta
+    device: nothing loaded, and the same count for a model loaded with LoRA or in 4-bit as for its folder."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(model_name)
+    config = model.config if hasattr(model, "config") else AutoConfig.from_pretrained(model)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return sum(parameter.numel() for parameter in model.parameters())
+        counted = AutoModelForCausalLM.from_config(config)
+    return sum(parameter.numel() for parameter in counted.parameters())
 
 
 def weights_16bit_bytes(model_name: str) -> float:

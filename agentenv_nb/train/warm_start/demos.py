@@ -98,7 +98,7 @@ def best_rollouts(model, tokenizer, env, preset: presets.Preset | str, *, fracti
     """Play each train task ``samples`` times (at the temperature ``preset``'s GRPO samples ``model`` at, unless
     given); the rollouts, and the top ``fraction`` of those that scored above 0 (``top_fraction``)."""
     if temperature is None:
-        temperature = presets.grpo_temperature(preset, model.num_parameters())
+        temperature = presets.grpo_temperature(preset, model)
     rows = [row for row in env.dataset for _ in range(samples)]
     rollouts = play(model, tokenizer, env.factory, rows, temperature=temperature, **play_kwargs)
     return rollouts, top_fraction(rollouts, fraction)

@@ -1,0 +1,114 @@
+"""What a preset becomes on this machine and for this model, each decided in one function every caller uses: whether
+vLLM generates here (``fast_inference``), the precision of its weights (``vllm_weights``: as the model loads and as
+preflight counts the memory), the GPU memory the run needs (``gpu_need_gb``), the training precision, torch's threads,
+what trains in full, and whether a model gets the preset's small-model settings (``small_model``: for SFT and GRPO
+alike).
+
+    presets.vllm_weights("24gb", "unsloth/Qwen3-4B")   # "16bit" on an L4: its weights and a step's KV cache fit
+    presets.gpu_need_gb("24gb", "unsloth/Qwen3-4B")    # the GB free the GRPO run needs here
+    presets.small_model("24gb", model)                 # a folder, a Hub id or a loaded model: the same answer
+"""
+
+from __future__ import annotations
+
+import functools
+
+from agentenv_nb import settings
+from agentenv_nb.stack import vllm_available
+from agentenv_nb.train.model import vllm_sizing
+from agentenv_nb.train.presets.recipes import AUTO, Preset, named
+
+
+@functools.cache
+def _vllm_generates() -> bool:
+    """Whether Unsloth's vLLM runs here (``host.plan.engine_for``); says once why not."""
+    from agentenv_nb.host.plan import engine_for, plan_here
+
+    ok, why = engine_for(plan_here().host, vllm_available)
+    if not ok:
+        print(f"agentenv_nb: fast_inference=False ({why}); generating with transformers' generate instead.")
+    return ok
+
+
+def fast_inference(preset: Preset | str) -> bool:
+    """Whether a preset generates on Unsloth's colocated vLLM: where it asks to and vLLM imports."""
+    return named(preset).vllm and _vllm_generates()
+
+
+@functools.cache
+def _say(line: str) -> None:
+    print(line)
+
+
+def vllm_weights(preset: Preset | str, model_name: str | None = None) -> str | None:
+    """The precision vLLM generates ``model_name`` in for ``preset`` (one of ``vllm_sizing.WEIGHTS``), which the
+    model loads in (``model_kwargs``) and preflight counts the memory of (``gpu_need_gb``): the preset's own, else
+    AGENTENV_NB_VLLM_WEIGHTS, else the fastest that fits this card, said in one line (once). None where the card
+    would choose and no model is named."""
+    preset = named(preset)
+    if preset.vllm_weights not in (AUTO, *vllm_sizing.WEIGHTS):
+        raise ValueError(f"vllm_weights={preset.vllm_weights!r}: choose 'auto' or one of {vllm_sizing.WEIGHTS}")
+    if preset.vllm_weights != AUTO:
+        return preset.vllm_weights
+    if (named_here := settings.get("vllm_weights")) or model_name is None:
+        return named_here
+    import torch
+
+    card = vllm_sizing.gpu_memory()[0]
+    rollouts = preset.per_device_train_batch_size * preset.gradient_accumulation_steps  # generated at once
+    choice, why = vllm_sizing.choose_weights(
+        torch.cuda.get_device_capability(vllm_sizing.this_gpu()), card * vllm_utilization(preset, "16bit"),
+        vllm_sizing.weights_16bit_bytes(model_name),
+        vllm_sizing.kv_cache_bytes(model_name, rollouts * preset.max_completion_length))
+    _say(f"agentenv_nb: vLLM generates from {why}. Name another with AGENTENV_NB_VLLM_WEIGHTS or "
+         f"dataclasses.replace(preset, vllm_weights=...), one of {vllm_sizing.WEIGHTS}.")
+    return choice
+
+
+def vllm_utilization(preset: Preset | str, weights: str) -> float:
+    """vLLM's ``gpu_memory_utilization`` for ``preset`` with weights in ``weights``: its share of the memory the run
+    may use, as a share of the whole card."""
+    preset = named(preset)
+    share = preset.vllm_share_16bit if weights == "16bit" else preset.vllm_share
+    return vllm_sizing.gpu_memory_utilization(share, *vllm_sizing.gpu_memory(), made_for_bytes=preset.gpu_gb * 1e9)
+
+
+def gpu_need_gb(preset: Preset | str, model_name: str | None = None, *, weights: str | None = None,
+                vllm: bool | None = None) -> float:
+    """The free GPU memory ``preset``'s GRPO run on ``model_name`` needs here: less where it generates without vLLM
+    (``vllm``; None: where it does here), or from 4-bit or fp8 weights (``weights``; None: ``vllm_weights``'s, and
+    16-bit's where that is the card's to choose and no model is named)."""
+    preset = named(preset)
+    if not (fast_inference(preset) if vllm is None else vllm):
+        return preset.gpu_need_gb_without_vllm
+    quantized = (weights or vllm_weights(preset, model_name)) in ("4bit", "fp8")
+    return preset.gpu_need_gb_quantized if quantized else preset.gpu_need_gb
+
+
+def training_precision(preset: Preset | str, host=None) -> str:
+    """The precision ``preset`` trains in: its own, else AGENTENV_NB_PRECISION, else the card's (``host.plan``) of
+    ``host`` (a ``host.probe.Host``; None: this machine)."""
+    from agentenv_nb.host.plan import plan_here, precision_for
+
+    preset = named(preset)
+    if preset.precision != AUTO:
+        return preset.precision
+    return settings.get("precision") or precision_for(host or plan_here().host)
+
+
+def torch_threads(preset: Preset | str) -> int | None:
+    """Torch's CPU threads for a preset, or None for torch's default."""
+    return named(preset).torch_threads
+
+
+def full_finetuning(preset: Preset | str, stage: str) -> bool:
+    """Whether ``stage`` ("sft" or "grpo") trains every weight rather than LoRA."""
+    return stage == "sft" and named(preset).full_finetuning_sft
+
+
+def small_model(preset: Preset | str, model) -> bool:
+    """Whether ``model`` (a folder, a Hub id or a loaded model; None: none named) gets ``preset``'s ``small_*``
+    settings: fewer than ``small_model_below`` parameters, counted from its config (``vllm_sizing.parameter_count``),
+    so a loaded model's SFT and its saved folder's GRPO decide alike, whatever LoRA or 4-bit packing it holds."""
+    below = named(preset).small_model_below
+    return bool(below) and model is not None and vllm_sizing.parameter_count(model) < below
