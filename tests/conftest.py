@@ -5,6 +5,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import re
 
 import pytest
 
@@ -113,3 +114,14 @@ def stderr_lines(notebook) -> list[str]:
     """The non-blank lines an executed notebook's code cells wrote to stderr, in order."""
     return [line for cell in notebook.cells if cell.cell_type == "code" for output in cell.get("outputs", [])
             if output.get("name") == "stderr" for line in output["text"].splitlines() if line.strip()]
+
+
+# A line Unsloth printed, after any emoji: its banner ("🦥 Unsloth: Will patch your computer ...", "🦥 Unsloth Zoo will
+# now patch ..."), its CPU fallback's ("Unsloth 2026.10.9: no GPU found ..."), its notices ("Unsloth: ...") and its
+# trainer's box ("==((====))==  Unsloth ..."); not the kit's own lines, which start "agentenv_nb: "
+UNSLOTH_LINE = re.compile(r"\W*(Unsloth\b|==\(\(====\)\)==)")
+
+
+def unsloth_lines(text: str) -> list[str]:
+    """The lines of ``text`` that Unsloth printed, which belong in the library log, not in a cell."""
+    return [line for line in text.splitlines() if UNSLOTH_LINE.match(line)]
