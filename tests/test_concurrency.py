@@ -2,24 +2,15 @@
 kit's GRPOTrainer (``agentenv_nb.train.grpo.trainer``) runs a batch's tool calls at once with TRL's results, counts and
 roll-back, and the same rewards in a seeded run. Real servers on loopback, the tiny model, real GRPO steps."""
 
-import ast
-import hashlib
-import importlib.util
 import logging
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from .conftest import TRAINERS, grpo, one_turn_task, step_logs, trainer_class, warnings, write_bundle
 
 from agentenv_nb import AgentEnv
-
-# What agentenv_nb.train.grpo.trainer builds on, as read in trl 1.15.0: the loop it hands per-rollout tool dicts, and where
-# TRL builds those dicts and resets the environments.
-PINNED = {"_tool_call_loop": "acc9b1db6fed3d92f75e9068effc4d2042af71a6807537b9c3ce243c130138b7",
-          "_generate_and_score_completions": "1fa48922792dcd5c72da155cfe99db477771a7c61cde15519fe8c86d0cdc0b65"}
 
 
 @pytest.fixture(scope="module")
@@ -62,28 +53,6 @@ def test_many_threads_playing_at_once_each_keep_their_own_reward(answers, caplog
 def test_get_reward_before_any_episode_says_to_reset(answers):
     with answers.factory() as play, pytest.raises(RuntimeError, match=r"before any episode: call reset\(\*\*row\)"):
         play.get_reward()
-
-
-def trl_method_source(name: str) -> str:
-    """GRPOTrainer.``name`` as trl's own file has it, decorators included: once Unsloth's model code is imported (by
-    any earlier test in this process), the class attribute is Unsloth's rewrite, whose source is another file."""
-    trainer_class("trl")  # unsloth first
-    path = importlib.util.find_spec("trl.trainer.grpo_trainer").origin
-    source = Path(path).read_text()
-    [trainer] = [node for node in ast.parse(source).body
-                 if isinstance(node, ast.ClassDef) and node.name == "GRPOTrainer"]
-    [method] = [node for node in trainer.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-                and node.name == name]
-    first = min([method.lineno] + [decorator.lineno for decorator in method.decorator_list])
-    return "".join(source.splitlines(keepends=True)[first - 1:method.end_lineno])
-
-
-def test_the_trl_methods_the_kit_trainer_builds_on_are_the_ones_read():
-    for name, digest in PINNED.items():
-        source = trl_method_source(name)
-        assert hashlib.sha256(source.encode()).hexdigest() == digest, (
-            f"trl's GRPOTrainer.{name} changed: agentenv_nb.train.grpo.trainer relies on it calling each rollout's sync tools "
-            "from self._sync_tool_dicts in order; read it again, then update PINNED")
 
 
 class Ledger:
