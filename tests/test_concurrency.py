@@ -8,16 +8,15 @@ import time
 
 import pytest
 
-from .conftest import TRAINERS, grpo, one_turn_task, step_logs, trainer_class, warnings, write_bundle
+from .conftest import TRAINERS, grpo, step_logs, trainer_class, warnings
 
 from agentenv_nb import AgentEnv
 
 
 @pytest.fixture(scope="module")
-def answers(tmp_path_factory):
-    tasks = {f"a{i}": one_turn_task(str(40 + i)) for i in range(1, 5)}
-    root = tmp_path_factory.mktemp("bundles") / "answers"
-    with AgentEnv.local(write_bundle(root, tasks, {"train": list(tasks)}), max_concurrent_envs=10) as env:
+def served(answers):
+    """conftest's ``answers`` on loopback, ten sessions at once."""
+    with AgentEnv.local(answers, max_concurrent_envs=10) as env:
         yield env
 
 
@@ -29,16 +28,16 @@ def play_one(env: AgentEnv, row: dict, reply: str, wait: float = 0.0) -> float |
         return play.get_reward()
 
 
-def test_many_threads_playing_at_once_each_keep_their_own_reward(answers, caplog):
-    rows = answers.dataset.to_list()
+def test_many_threads_playing_at_once_each_keep_their_own_reward(served, caplog):
+    rows = served.dataset.to_list()
     asked = [row["prompt"][-1]["content"].removeprefix("Say ").removesuffix(".") for row in rows]
     games = [(rows[i % 4], f"it is {asked[i % 4]}" if i % 2 else "no", 0.05 * (i % 4)) for i in range(8)]
-    alone = [play_one(answers, *game) for game in games]
+    alone = [play_one(served, *game) for game in games]
     together, gate = [None] * len(games), threading.Barrier(len(games))
 
     def player(i: int) -> None:
         gate.wait()
-        together[i] = play_one(answers, *games[i])
+        together[i] = play_one(served, *games[i])
 
     threads = [threading.Thread(target=player, args=(i,)) for i in range(len(games))]
     with caplog.at_level(logging.WARNING):
@@ -50,8 +49,8 @@ def test_many_threads_playing_at_once_each_keep_their_own_reward(answers, caplog
     assert "unscored" not in warnings(caplog)
 
 
-def test_get_reward_before_any_episode_says_to_reset(answers):
-    with answers.factory() as play, pytest.raises(RuntimeError, match=r"before any episode: call reset\(\*\*row\)"):
+def test_get_reward_before_any_episode_says_to_reset(served):
+    with served.factory() as play, pytest.raises(RuntimeError, match=r"before any episode: call reset\(\*\*row\)"):
         play.get_reward()
 
 
@@ -138,10 +137,10 @@ def test_the_kit_trainer_runs_a_batch_s_tool_calls_at_once_with_trl_s_results(ti
 
 
 @pytest.mark.slow
-def test_a_seeded_run_gives_the_same_rewards_through_either_trainer(answers, tiny_model, tmp_path):
+def test_a_seeded_run_gives_the_same_rewards_through_either_trainer(served, tiny_model, tmp_path):
     runs = {}
     for name in TRAINERS:
-        env = AgentEnv(answers.url, plain_text_replies=True, token=answers.token)
+        env = AgentEnv(served.url, plain_text_replies=True, token=served.token)
         trainer = grpo(tiny_model, tmp_path / name, dataset=env.dataset, factory=env.factory, steps=2,
                        reward_funcs=env.reward_funcs, callbacks=[env.metrics], trainer=name)
         trainer.train()
