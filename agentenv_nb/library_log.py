@@ -85,12 +85,14 @@ def to_log(what: str, keep_displays: bool = False):
     """Send stderr, and every logging handler writing to it, to the library log while the block runs (``what``
     names it in the log and the summary line); transformers' progress bars are off, and in a notebook what the block
     displays goes to the log as text, unless ``keep_displays`` (a block showing the kit's own progress or plot)."""
-    from transformers.utils import logging as transformers_logging
-
+    # transformers' bars where it is imported: not imported here for the block that imports Unsloth, which must come
+    # before transformers (and importing draws no bars)
+    transformers_logging = sys.modules.get("transformers.utils.logging")
+    bars_were_on = transformers_logging is not None and transformers_logging.is_progress_bar_enabled()
+    if bars_were_on:
+        transformers_logging.disable_progress_bar()
     path = Path(settings.get("library_log"))
     path.parent.mkdir(parents=True, exist_ok=True)
-    bars_were_on = transformers_logging.is_progress_bar_enabled()
-    transformers_logging.disable_progress_bar()
     consoles = (sys.stderr, sys.__stderr__)
     with path.open("a", encoding="utf-8") as log:
         log.write(f"--- {what}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n")

@@ -26,6 +26,8 @@ import warnings
 from pathlib import Path
 from types import ModuleType
 
+from agentenv_nb.library_log import to_log
+
 
 # Warnings that importing the stack (transformers, unsloth) logs on every healthy run, by logger: a notebook shows each
 # as a pink block. Set before anything imports them; each logger's errors still show.
@@ -59,11 +61,14 @@ def hide_broken_torchvision() -> str | None:
 
 
 def import_unsloth() -> ModuleType:
-    """Import unsloth (once, first), after hiding a broken torchvision; return the module.
+    """Import unsloth (once, first), after hiding a broken torchvision; return the module. What Unsloth prints as it
+    imports (its banner on a GPU, its CPU fallback's line on a CPU) goes to the library log (``library_log``).
 
     Warns if trl came first: classes taken from trl before then stay unpatched (Unsloth warns on a GPU too).
     """
-    if "unsloth" not in sys.modules and "trl" in sys.modules:
+    if "unsloth" in sys.modules:
+        return sys.modules["unsloth"]
+    if "trl" in sys.modules:
         warnings.warn("trl was imported before unsloth; call import_unsloth() before anything imports trl")
     # vLLM logs to stdout by default, where its dozens of INFO lines a load would fill a notebook's cell; on stderr
     # they go to the library log with the other libraries' output (``library_log``)
@@ -71,7 +76,8 @@ def import_unsloth() -> ModuleType:
     reason = hide_broken_torchvision()
     if reason:
         print(f"agentenv_nb: {reason}")
-    return importlib.import_module("unsloth")
+    with to_log("importing Unsloth"):
+        return importlib.import_module("unsloth")
 
 
 @functools.cache

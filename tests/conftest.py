@@ -1,10 +1,12 @@
 """What the tests share: bundles written on the fly (tasks of agent turns and response verifiers, which deploy no
-env), the tiny model, TRL's GRPOTrainer on CPU, and a free loopback port."""
+env), two of them ready made (``quiz``, served, and ``answers``), the tiny model, TRL's GRPOTrainer on CPU, and a free
+loopback port."""
 
 import importlib.metadata
 import json
 import logging
 import os
+import re
 
 import pytest
 
@@ -55,6 +57,34 @@ def write_bundle(root, tasks: dict[str, list[dict]], evals: dict[str, list[str]]
     for name, members in evals.items():
         (root / "evals" / f"{name}.toml").write_text(f"tasks = {json.dumps(members)}\n")
     return root
+
+
+def numbers_to_say(name: str, count: int) -> dict[str, list[dict]]:
+    """``count`` one-turn tasks <name>1, <name>2, ... asking to say 41, 42, ... (see ``one_turn_task``)."""
+    return {f"{name}{i}": one_turn_task(str(40 + i)) for i in range(1, count + 1)}
+
+
+@pytest.fixture(scope="session")
+def quiz_bundle(tmp_path_factory):
+    """Three one-turn tasks ("Say 41." to "Say 43."): train q1 and q2, eval q3 (and, as every bundle, "all")."""
+    return write_bundle(tmp_path_factory.mktemp("bundles") / "quiz", numbers_to_say("q", 3),
+                        {"train": ["q1", "q2"], "eval": ["q3"]})
+
+
+@pytest.fixture(scope="module")
+def quiz(quiz_bundle):
+    """The quiz served on loopback for a test module, with room for the rollouts a trainer holds."""
+    from agentenv_nb import AgentEnv
+
+    with AgentEnv.local(quiz_bundle, max_concurrent_envs=24, patience=1) as env:
+        yield env
+
+
+@pytest.fixture(scope="session")
+def answers(tmp_path_factory):
+    """Four one-turn tasks ("Say 41." to "Say 44."): train a1 to a4, eval a1."""
+    tasks = numbers_to_say("a", 4)
+    return write_bundle(tmp_path_factory.mktemp("bundles") / "answers", tasks, {"train": list(tasks), "eval": ["a1"]})
 
 
 @pytest.fixture(scope="session")
@@ -113,3 +143,14 @@ def stderr_lines(notebook) -> list[str]:
     """The non-blank lines an executed notebook's code cells wrote to stderr, in order."""
     return [line for cell in notebook.cells if cell.cell_type == "code" for output in cell.get("outputs", [])
             if output.get("name") == "stderr" for line in output["text"].splitlines() if line.strip()]
+
+
+# A line Unsloth printed, after any emoji: its banner ("🦥 Unsloth: Will patch your computer ...", "🦥 Unsloth Zoo will
+# now patch ..."), its CPU fallback's ("Unsloth 2026.10.9: no GPU found ..."), its notices ("Unsloth: ...") and its
+# trainer's box ("==((====))==  Unsloth ..."); not the kit's own lines, which start "agentenv_nb: "
+UNSLOTH_LINE = re.compile(r"\W*(Unsloth\b|==\(\(====\)\)==)")
+
+
+def unsloth_lines(text: str) -> list[str]:
+    """The lines of ``text`` that Unsloth printed, which belong in the library log, not in a cell."""
+    return [line for line in text.splitlines() if UNSLOTH_LINE.match(line)]

@@ -38,18 +38,9 @@ def mean(scores: dict[str, float]) -> float:
 
 
 @pytest.fixture(scope="module")
-def bundles(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bundles")
-    quiz = {f"q{i}": one_turn_task(str(40 + i)) for i in range(1, 4)}
-    return {"quiz": write_bundle(root / "quiz", quiz, {"train": ["q1", "q2"], "eval": ["q3"]}),
-            "chat": write_bundle(root / "chat", {"talk": two_turn_task(), "once": one_turn_task("7")},
-                                 {"train": ["talk", "once"]})}
-
-
-@pytest.fixture(scope="module")
-def quiz(bundles):
-    with AgentEnv.local(bundles["quiz"], max_concurrent_envs=8, patience=1) as env:
-        yield env
+def chat_bundle(tmp_path_factory):
+    tasks = {"talk": two_turn_task(), "once": one_turn_task("7")}
+    return write_bundle(tmp_path_factory.mktemp("bundles") / "chat", tasks, {"train": list(tasks)})
 
 
 @pytest.fixture(scope="module")
@@ -105,17 +96,17 @@ def test_an_episode_plays_and_scores_and_a_failed_one_is_unscored(quiz, caplog):
     assert "rollout left unscored: reset: split 'train' has 2 tasks, so it has no task 9" in warnings(caplog)
 
 
-def test_the_first_reset_raises_when_the_server_has_no_room(bundles):
+def test_the_first_reset_raises_when_the_server_has_no_room(quiz_bundle):
     from agentenv_nb.client.session import CapacityError
 
-    with AgentEnv.local(bundles["quiz"], max_concurrent_envs=1) as env, env.factory() as first:
+    with AgentEnv.local(quiz_bundle, max_concurrent_envs=1) as env, env.factory() as first:
         first.reset(**env.dataset[0])
         with pytest.raises(CapacityError, match="raise max_concurrent_envs"):
             env.factory().reset(**env.dataset[0])
 
 
-def test_two_turns_two_verifiers_and_reward_their_mean(bundles):
-    with AgentEnv.local(bundles["chat"], reward=mean) as env:
+def test_two_turns_two_verifiers_and_reward_their_mean(chat_bundle):
+    with AgentEnv.local(chat_bundle, reward=mean) as env:
         talk = env.factory()
         talk.reset(**env.dataset[0])
         assert talk.end_turn(response="hello there") == "Say bye."  # the next turn's prompt
@@ -174,10 +165,10 @@ def test_the_check_names_tool_parameters_trl_cannot_offer():
 
 
 @pytest.mark.slow
-def test_a_dict_factory_trains_two_bundles_mixed_in_one_dataset(bundles, quiz, tiny_model, tmp_path):
+def test_a_dict_factory_trains_two_bundles_mixed_in_one_dataset(chat_bundle, quiz, tiny_model, tmp_path):
     from datasets import concatenate_datasets
 
-    with AgentEnv.local(bundles["chat"], reward=mean) as chat:
+    with AgentEnv.local(chat_bundle, reward=mean) as chat:
         rows = concatenate_datasets([quiz.dataset.select([0]), chat.dataset.select([0])])  # one task of each
         trainer = grpo(tiny_model, tmp_path, dataset=rows, factory={**quiz.factories, **chat.factories}, steps=1,
                        per_device_train_batch_size=4,

@@ -1,10 +1,10 @@
 """The training command on N GPUs: each process sizes Unsloth's vLLM and caps its memory on its own GPU, as one card of
-the preset's each; a launch that can't train is refused in one line; and the Unsloth 2026.10.9 internals that put each
-process's model and vLLM engine on that GPU, which fail here loudly when they change. No GPU here: ``TwoGPUs`` is
-torch.cuda as a two-GPU machine reports it (the refusals are run as real launches in tests/test_train_command.py)."""
+the preset's each; a launch that can't train is refused in one line; and what the Unsloth 2026.10.9 functions that put
+each process's model and vLLM engine on that GPU answer (their source: tests/test_pinned_internals.py). No GPU
+here: ``TwoGPUs`` is torch.cuda as a two-GPU machine reports it (the refusals are run as real launches in
+tests/test_train_command.py)."""
 
 import dataclasses
-import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -120,16 +120,11 @@ def unsloth_places_each_rank_on_the_gpu_the_kit_sizes(monkeypatch):
         for local_rank in range(4):
             monkeypatch.setenv("LOCAL_RANK", str(local_rank))
             assert loader_utils._infer_local_rank(local_rank) == vllm_sizing.this_gpu() == local_rank % seen
-    assert "torch.cuda.set_device(local_rank)" in inspect.getsource(loader_utils.prepare_device_map)
-    # the external launcher: torchrun's and accelerate launch's variables (seen), then the engine on that GPU
+    # the external launcher: torchrun's and accelerate launch's variables (seen; the engine on that GPU: its source)
     accelerate_launch = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "none"}
     assert vllm_utils._torchrun_launch_info(accelerate_launch) == (1, 1, 2)
     assert vllm_utils._torchrun_launch_info({"LOCAL_RANK": "0"}) is None  # one process: vLLM's own executor
-    setup = inspect.getsource(vllm_utils._setup_vllm_external_launcher)
-    assert 'engine_args["distributed_executor_backend"] = "external_launcher"' in setup
-    assert "torch.cuda.set_device(local_index)" in setup and "dist.get_rank()" in setup  # a seed a rank
-    assert "_setup_vllm_external_launcher(engine_args, torchrun_info)" in inspect.getsource(vllm_utils.load_vllm)
     # FSDP as the kit reads it (ACCELERATE_USE_FSDP) is FSDP to Unsloth, which refuses vLLM under its version 2
     for name in ("FSDP_VERSION", "UNSLOTH_FSDP2", "ACCELERATE_USE_FSDP"):
         monkeypatch.delenv(name, raising=False)

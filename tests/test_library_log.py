@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from .conftest import STARTED_WITH
+from .conftest import STARTED_WITH, unsloth_lines
 
 LIBRARIES = """
 import logging, warnings
@@ -63,6 +63,22 @@ def test_library_output_goes_to_the_log_and_one_line_says_so_where(tmp_path):
                  "from a handler made inside", trainable):
         assert line in kept
     assert "after the block" not in kept
+
+
+@pytest.mark.slow  # a fresh Python imports Unsloth
+def test_what_unsloth_prints_as_the_kit_imports_it_goes_to_the_log(tmp_path):
+    """Unsloth prints as it imports: on a GPU its banner ("🦥 Unsloth: Will patch your computer ...") and unsloth_zoo's,
+    on a CPU its fallback's line ("Unsloth 2026.10.9: no GPU found ..."). A notebook's preflight cell imports it
+    through the kit and shows one line saying where they went."""
+    log = tmp_path / "library.log"
+    shown = subprocess.run([sys.executable, "-c", "from agentenv_nb.stack import import_unsloth; import_unsloth()"],
+                           capture_output=True, text=True, env={**STARTED_WITH, "AGENTENV_NB_LIBRARY_LOG": str(log)},
+                           cwd=tmp_path, timeout=300)
+    assert shown.returncode == 0, shown.stderr
+    assert unsloth_lines(shown.stdout + shown.stderr) == [], shown.stdout + shown.stderr
+    [said] = shown.stdout.splitlines()
+    assert said.startswith("agentenv_nb: the libraries wrote ") and said.endswith(f" while importing Unsloth, in {log}")
+    assert unsloth_lines(log.read_text()), log.read_text()
 
 
 def test_a_failure_shows_the_libraries_last_lines_and_still_raises(tmp_path):

@@ -12,7 +12,7 @@ import torch
 
 from agentenv_nb.notebook.curves import eval_curve, eval_table, find_trainer_state, plot_eval_curve, save_eval_curve
 from agentenv_nb.tasks.gridsim.adapter import GridSimAdapter
-from agentenv_nb.train.live import ConsoleLivePlot, LivePlot, NotebookLivePlot, format_row, live_plot
+from agentenv_nb.train.live import ConsoleLivePlot, NotebookLivePlot, format_row, live_plot
 from nbclient import NotebookClient
 # transformers after agentenv_nb.train.live, which hides a broken torchvision wheel that would break these imports
 from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
@@ -96,8 +96,8 @@ def test_notebook_flavour_draws_every_panel_with_data_and_throttles():
 
 def test_factory_picks_console_outside_a_kernel():
     assert type(live_plot()) is ConsoleLivePlot
-    assert isinstance(live_plot("notebook"), LivePlot)
-    with pytest.raises(ValueError):
+    assert type(live_plot("notebook")) is NotebookLivePlot  # the kind asked for, not the guess
+    with pytest.raises(ValueError, match=r"kind must be one of \['console', 'notebook'\], not 'tensorboard'"):
         live_plot("tensorboard")
     assert format_row({"step": 3}) == "step    3"
 

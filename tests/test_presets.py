@@ -28,10 +28,14 @@ UNSLOTH_CHANGES = ["optim", "weight_decay", "learning_rate", "warmup_steps", "se
 
 
 def test_24gb_is_the_seed_recipe():
+    import torch
+
     kwargs = presets.grpo_kwargs("24gb")
     assert {name: kwargs[name] for name in RECIPE} == RECIPE
     assert set(UNSLOTH_CHANGES) <= set(kwargs)
-    assert kwargs["use_vllm"] == presets.fast_inference("24gb")
+    # TRL generates on vLLM exactly where the model was loaded with it; never on a machine without a CUDA GPU
+    assert kwargs["use_vllm"] == presets.model_kwargs("24gb", "m")["fast_inference"]
+    assert not kwargs["use_vllm"] or torch.cuda.is_available()
     # without vLLM, a step's 32 rollouts are generated 16 at a time (half the KV cache); each update still takes 32
     assert kwargs.get("steps_per_generation") == (None if kwargs["use_vllm"] else 2)
     assert presets.grpo_kwargs("24gb", gradient_accumulation_steps=1).get("steps_per_generation") in (None, 1)

@@ -11,10 +11,9 @@ import pytest
 from agentenv_nb.stack import import_unsloth
 
 import_unsloth()  # before anything imports trl, as TRL 1.15 on CPU needs
-from agentenv_nb import AgentEnv  # noqa: E402
 from agentenv_nb.client.environment import read_plain_text_replies  # noqa: E402
 from agentenv_nb.train.grpo.health import RULES, HealthCheck  # noqa: E402
-from tests.conftest import grpo, one_turn_task, write_bundle  # noqa: E402
+from tests.conftest import grpo  # noqa: E402
 from transformers import TrainerControl, TrainerState, TrainingArguments  # noqa: E402
 from transformers.trainer_callback import CallbackHandler  # noqa: E402
 
@@ -30,16 +29,6 @@ def assert_said_once(health: HealthCheck, rule: str) -> str:
     advice = ADVICE[rule]
     assert f"{advice[0].upper()}{advice[1:]}." in line
     return line
-
-
-@pytest.fixture(scope="module")
-def quiz(tmp_path_factory):
-    """Three one-turn tasks ("Say 41" ...): 1.0 for a reply with the number, 0.5 for one with a letter, else 0."""
-    root = tmp_path_factory.mktemp("health")
-    bundle = write_bundle(root / "quiz", {f"q{i}": one_turn_task(str(40 + i)) for i in range(1, 4)},
-                          {"train": ["q1", "q2", "q3"]})
-    with AgentEnv.local(bundle, max_concurrent_envs=24, patience=1) as env:  # each trainer holds its rollouts
-        yield env
 
 
 def train(quiz, tiny_model, out, rows, **config):
@@ -60,7 +49,7 @@ def test_a_healthy_run_says_nothing(quiz, tiny_model, tmp_path):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    trainer, health = train(quiz, tiny_model, tmp_path, quiz.dataset.select([0, 1, 2] * 3),
+    trainer, health = train(quiz, tiny_model, tmp_path, quiz.dataset_for("all").select([0, 1, 2] * 3),
                             per_device_train_batch_size=8, num_generations=4, max_completion_length=48,
                             generation_kwargs={"sequence_bias": end_early(tokenizer, 4.0)})
     logs = [log for log in trainer.state.log_history if "frac_reward_zero_std" in log]
@@ -72,7 +61,7 @@ def test_a_healthy_run_says_nothing(quiz, tiny_model, tmp_path):
 def test_no_spread_clipping_and_unscored_rollouts_are_each_said_once(quiz, tiny_model, tmp_path, caplog):
     """Temperature near 0 makes a group's rollouts alike, a budget of 4 tokens cuts them, and rows of a task the
     split hasn't leave their episodes unscored."""
-    rows = quiz.dataset.select([0, 1, 2, 0, 1, 2, 0, 1]).map(lambda row, i: {"index": 9} if i == 7 else {},
+    rows = quiz.dataset_for("all").select([0, 1, 2, 0, 1, 2, 0, 1]).map(lambda row, i: {"index": 9} if i == 7 else {},
                                                                with_indices=True)  # one group of 8 unscored
     with caplog.at_level(logging.WARNING):
         trainer, health = train(quiz, tiny_model, tmp_path, rows, per_device_train_batch_size=8, temperature=0.01,
@@ -97,7 +86,7 @@ def calling_run(quiz, tiny_model, tmp_path_factory):
     ids = [*tokenizer.encode(call, add_special_tokens=False), tokenizer.eos_token_id]
     bias = [[ids[:1], 10.0]] + [[ids[:k], 50.0] for k in range(2, len(ids) + 1)]
     out = tmp_path_factory.mktemp("calling")
-    trainer, health = train(quiz, tiny_model, out, quiz.dataset.select([0, 1, 2, 0]),
+    trainer, health = train(quiz, tiny_model, out, quiz.dataset_for("all").select([0, 1, 2, 0]),
                             per_device_train_batch_size=4, max_completion_length=6 * len(ids),
                             max_tool_calling_iterations=2, generation_kwargs={"sequence_bias": bias})
     return trainer, health, out

@@ -4,7 +4,6 @@ unchanged: a loopback HTTPS server whose certificate no CA signed is still refus
 
 import datetime
 import http.server
-import inspect
 import ssl
 import threading
 
@@ -73,10 +72,3 @@ def test_changed_ca_settings_get_a_context_of_their_own(https_url, monkeypatch):
     with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
         httpx.get(url)
 
-
-def test_httpx_transports_still_take_verify_cert_trust_env_first():
-    """``envs.tls`` passes these three on by position: a new httpx that moves them must fail here, not in a run."""
-    tls.share_default_context()
-    for transport in (httpx.HTTPTransport, httpx.AsyncHTTPTransport):
-        parameters = list(inspect.signature(transport.__init__.__wrapped__).parameters)
-        assert parameters[:4] == ["self", "verify", "cert", "trust_env"], (transport, parameters)

@@ -22,13 +22,6 @@ from agentenv_nb.envs.serving import serve_in_thread
 TOKEN = "the-sessions-tests-token"  # a restarted server takes the same one, as the serve command does from its setting
 
 
-@pytest.fixture(scope="module")
-def answers(tmp_path_factory):
-    """Four one-turn tasks: train a1..a4, eval a1."""
-    tasks = {f"a{i}": one_turn_task(str(40 + i)) for i in range(1, 5)}
-    return write_bundle(tmp_path_factory.mktemp("bundles") / "answers", tasks, {"train": list(tasks), "eval": ["a1"]})
-
-
 def test_the_first_session_raises_at_capacity_saying_what_to_raise(answers):
     with serve_in_thread(answers, token=TOKEN, max_concurrent_envs=1) as server:
         async def run():

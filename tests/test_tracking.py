@@ -7,7 +7,7 @@ from agentenv_nb import AgentEnv
 from agentenv_nb.client.environment import read_plain_text_replies
 from agentenv_nb.train.tracking import report_to_problem, track
 
-from .conftest import grpo, one_turn_task, write_bundle
+from .conftest import grpo
 
 
 def test_a_report_to_that_cannot_log_says_what_to_do():
@@ -19,14 +19,12 @@ def test_a_report_to_that_cannot_log_says_what_to_do():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["fit", "config"])  # notebook 03 passes REPORT_TO to fit; the command, its config
-def test_reward_and_every_score_reach_tensorboard_by_step(tiny_model, tmp_path, where):
+def test_reward_and_every_score_reach_tensorboard_by_step(quiz_bundle, tiny_model, tmp_path, where):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from agentenv_nb.train.fit import fit
 
-    quiz = {f"q{i}": one_turn_task(str(40 + i)) for i in range(1, 4)}
-    bundle = write_bundle(tmp_path / "quiz", quiz, {"train": ["q1", "q2"], "eval": ["q3"]})
-    with AgentEnv.local(bundle, max_concurrent_envs=8) as env:
+    with AgentEnv.local(quiz_bundle, max_concurrent_envs=8) as env:
         trainer = grpo(tiny_model, tmp_path / "grpo", dataset=env.dataset, eval_dataset=env.dataset_for("eval"),
                        factory=env.factory, steps=2, reward_funcs=[read_plain_text_replies], callbacks=[env.metrics],
                        eval_strategy="steps", eval_steps=2, eval_on_start=True, per_device_eval_batch_size=1,

@@ -35,7 +35,7 @@ def test_a_step_that_doesnt_fit_says_what_to_lower_and_to_what():
 
 
 @pytest.fixture(scope="module")
-def quiz(tmp_path_factory):
+def short_and_long(tmp_path_factory):
     long = one_turn_task("42")
     long[1]["prompt"] += " Take your time." * 30  # the split's longest prompt
     bundle = write_bundle(tmp_path_factory.mktemp("trial") / "quiz", {"short": one_turn_task("41"), "long": long},
@@ -45,7 +45,7 @@ def quiz(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_the_trial_step_runs_the_worst_case_on_cpu_and_trains_nothing(quiz, tiny_model, tmp_path):
+def test_the_trial_step_runs_the_worst_case_on_cpu_and_trains_nothing(short_and_long, tiny_model, tmp_path):
     from agentenv_nb.train import presets
     from agentenv_nb.train.model import loading
 
@@ -53,18 +53,18 @@ def test_the_trial_step_runs_the_worst_case_on_cpu_and_trains_nothing(quiz, tiny
     config = presets.grpo_config("cpu-tiny", output_dir=str(tmp_path), max_steps=30, max_completion_length=32,
                                  per_device_train_batch_size=4, gradient_accumulation_steps=1, num_generations=4,
                                  steps_per_generation=1)
-    rows = longest_prompt_rows(quiz, tokenizer, config, 3)
+    rows = longest_prompt_rows(short_and_long, tokenizer, config, 3)
     assert len(rows) == 3 and all(row["task_id"].endswith("long") for row in rows)
     weights = {name: p.detach().clone() for name, p in model.named_parameters()}
-    measured = trial_step(model, tokenizer, config, quiz)
+    measured = trial_step(model, tokenizer, config, short_and_long)
     assert measured.completion_tokens == 32  # every rollout written to the budget
     assert not measured.out_of_memory and measured.seconds > 0 and measured.peak_gb == 0  # no GPU here
     assert all(p.equal(weights[name]) for name, p in model.named_parameters())  # the step trained nothing
-    assert check(model, tokenizer, config, quiz, "cpu-tiny") == (
+    assert check(model, tokenizer, config, short_and_long, "cpu-tiny") == (
         "trial step skipped: cpu-tiny is a CPU preset (it measures a GPU's memory)")
-    line = check(model, tokenizer, config, quiz, "cpu-tiny", force=True)
+    line = check(model, tokenizer, config, short_and_long, "cpu-tiny", force=True)
     assert line.startswith("trial step on the CPU: about ") and line.endswith(" for 30 steps")
     assert not list(tmp_path.iterdir())  # nothing written into the run's own folder
     logs = {"loss": 0.0}
-    quiz.metrics.on_log(None, TrainerState(), None, logs=logs)
+    short_and_long.metrics.on_log(None, TrainerState(), None, logs=logs)
     assert logs == {"loss": 0.0}  # the trial's scores are no step's: the run's first log has its own only

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import smollm2_gguf, stderr_lines
+from ..conftest import smollm2_gguf, stderr_lines, unsloth_lines
 from tests.gpu.test_gpu_path import _cuda
 
 pytestmark = pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU: run it on a GPU machine (bench/gpu_session.sh)")
@@ -63,7 +63,7 @@ def cell_noise(notebook) -> list[str]:
     widgets = [f"widget: {output['data'].get('text/plain', '')}" for output in outputs
                if "application/vnd.jupyter.widget-view+json" in output.get("data", {})]
     unsloth = [f"Unsloth's stdout: {line}" for output in outputs if output.get("name") == "stdout"
-               for line in output["text"].splitlines() if line.startswith(("Unsloth: ", "==((====))=="))]
+               for line in unsloth_lines(output["text"])]
     return errors + [f"stderr: {line}" for line in stderr_lines(notebook)] + widgets + unsloth
 
 
