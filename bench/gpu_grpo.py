@@ -150,13 +150,13 @@ def kit_run(args, trainer: str = "grpo"):
                    save_steps=0, server_processes=args.server_processes, eval_days=0)
 
 
-def kit_env(run, config):
+def kit_env(run, config, beside: int = 0):
     """The run's bundle served as notebook 03 serves it (``train.grpo.run``), holding the sessions the run needs and
-    a generation batch's more: the expert's step after training plays beside the trainer's environments."""
+    ``beside`` more (the expert's step after training plays beside the trainer's environments)."""
     from agentenv_nb.train.grpo import run as grpo_run
 
     bundle = grpo_run.resolve_bundle(run)
-    return grpo_run.serve(run, bundle, grpo_run.session_limit(run, config, bundle) + config.generation_batch_size)
+    return grpo_run.serve(run, bundle, grpo_run.session_limit(run, config, bundle) + beside)
 
 
 def run_kit(args, timer: StepTimer, result: dict) -> None:
@@ -167,7 +167,7 @@ def run_kit(args, timer: StepTimer, result: dict) -> None:
     from agentenv_nb.train.live import live_plot
     run = kit_run(args)
     config = grpo_run.run_config(run, variant_preset(args), args.model, **args.overrides)
-    with kit_env(run, config) as env:
+    with kit_env(run, config, beside=config.generation_batch_size) as env:
         model, tokenizer, result["model_kwargs"] = load(args.model, variant_preset(args), json.dumps(args.load))
         env.check(tokenizer)
         train(GRPOTrainer(model=model, processing_class=tokenizer, args=config, train_dataset=env.dataset,

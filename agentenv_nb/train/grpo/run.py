@@ -160,9 +160,9 @@ def run_config(run: GRPORun, preset, model_name: str, **overrides):
 
     chosen = {name: value for name, value in (("learning_rate", run.learning_rate), ("temperature", run.temperature))
               if value is not None}
-    return presets.trainer_config(run.trainer, preset, output_dir=f"{run.run_dir}/grpo", max_steps=run.max_steps,
-                                  save_steps=run.save_steps, resume=True, model_name=model_name,
-                                  **{**chosen, **overrides})
+    return presets.trainer_config(run.trainer, preset, **{
+        "output_dir": f"{run.run_dir}/grpo", "max_steps": run.max_steps, "save_steps": run.save_steps, "resume": True,
+        "model_name": model_name, **chosen, **overrides})
 
 
 def resolve_bundle(run: GRPORun):
