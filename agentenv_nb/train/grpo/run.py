@@ -100,16 +100,6 @@ class GRPORun:
         return {name: value for name, value in self.parameters().items()
                 if value != getattr(default, name.lower())}
 
-    def table(self):
-        """Each parameter, its value and what it sets, whole (``tables.text_table``: ``.data`` is the DataFrame)."""
-        import pandas as pd
-
-        from agentenv_nb.tables import text_table
-
-        rows = [(field.name.upper(), repr(getattr(self, field.name)), field.metadata["help"])
-                for field in dataclasses.fields(self)]
-        return text_table(pd.DataFrame(rows, columns=["parameter", "value", "what it sets"]))
-
     @classmethod
     def command_options(cls) -> list[str]:
         """The parameters the training command takes too: all but those of the notebook's own cells ("Try it")."""
