@@ -58,7 +58,6 @@ def test_help_and_usage_errors_in_one_line(tmp_path):
                         "6 rollouts a step don't make whole groups of 4 rollouts a task (--num-generations): pass "
                         "--rollouts-a-step a multiple of it"),
                        (["--max-concurrent-envs", "8"], "--max-concurrent-envs is for servers elsewhere (--env-url)"),
-                       (["--learning-rate", "-1"], "--learning-rate: '-1' is not a number above 0"),
                        (["--trainer", "sync"], "argument --trainer: invalid choice: 'sync'"),
                        (["--report-to", "mlflow"], "argument --report-to: invalid choice: 'mlflow'"),
                        (["--push-to-hub", "you/model"], "--push-to-hub 'you/model' needs a Hugging Face token with "
