@@ -117,9 +117,11 @@ def test_notebook_03_s_parameters_cell_lists_the_command_s_parameters_with_their
     for name in GRPORun().parameters():
         monkeypatch.delenv(f"AGENTENV_NB_{name}", raising=False)
     source = parameters_cell()
-    assigned = [target.id for node in ast.parse(source).body if isinstance(node, ast.Assign)
-                for target in node.targets]
+    assignments = [node for node in ast.parse(source).body if isinstance(node, ast.Assign)]
+    assigned = [target.id for node in assignments for target in node.targets]
     assert assigned == [name for name in GRPORun().parameters()]  # every one, in GRPORun's order, and no other
+    lines = source.splitlines()
+    assert all("  # " in lines[node.lineno - 1] for node in assignments), "a comment on each parameter's line"
     cell = {}
     exec(source, cell)
     assert {name: cell[name] for name in assigned} == GRPORun().parameters()
