@@ -20,12 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentenv_nb.stops import Stop
+
 PREFIX = "AGENTENV_NB_"
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
-class SettingError(ValueError):
-    """A setting whose value the kit can't use; the message names it and what it takes."""
+class SettingError(Stop, ValueError):
+    """A setting whose value the kit can't use; the message names it and what it takes, in one line (a notebook shows
+    that line, not a traceback)."""
 
 
 @dataclass(frozen=True)
@@ -141,20 +144,22 @@ def parse(name: str, text: str, shown: str | None = None) -> Any:
     """The setting ``name`` from ``text``, checked: a command-line flag's value reads as the variable's does.
     ``shown`` names where the text came from in a SettingError (default: the variable)."""
     setting, shown = SETTINGS[name], shown or SETTINGS[name].variable
-    return _checked(setting, _parse(setting, text.strip(), shown), shown if setting.secret else f"{shown}={text!r}")
+    return _checked(setting, parse_as(setting.kind, text.strip(), shown, setting.what),
+                    shown if setting.secret else f"{shown}={text!r}")
 
 
-def _parse(setting: Setting, text: str, shown: str) -> Any:
-    if setting.kind is bool:
+def parse_as(kind: type, text: str, shown: str, what: str) -> Any:
+    """``text`` read as a ``kind`` (bool, int, float or str), the way every ``AGENTENV_NB_*`` variable is read;
+    SettingError naming ``shown`` (the variable) and ``what`` it sets where it doesn't parse."""
+    if kind is bool:
         if text.lower() in TRUE + FALSE:
             return text.lower() in TRUE
-        raise SettingError(f"{shown}={text!r} isn't a yes or no; set it to 1 or 0 ({setting.what})")
+        raise SettingError(f"{shown}={text!r} isn't a yes or no; set it to 1 or 0 ({what})")
     try:
-        value = setting.kind(text)
+        return kind(text)
     except ValueError:
-        kind = {int: "a whole number", float: "a number"}.get(setting.kind, setting.kind.__name__)
-        raise SettingError(f"{shown}={text!r} isn't {kind}; set it to one, or unset it ({setting.what})") from None
-    return value
+        named = {int: "a whole number", float: "a number"}.get(kind, kind.__name__)
+        raise SettingError(f"{shown}={text!r} isn't {named}; set it to one, or unset it ({what})") from None
 
 
 def _checked(setting: Setting, value: Any, shown: str) -> Any:

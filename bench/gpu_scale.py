@@ -40,9 +40,9 @@ def worker(argv: list[str]) -> int:
     vLLM or not, vLLM's share of its GPU, its peak memory (PyTorch's, and the whole GPU's, vLLM's engine included)."""
     from agentenv_nb.stack import import_unsloth
 
-    import_unsloth()  # before gpu_grpo imports transformers, as the command would have it
+    import_unsloth()  # before measure imports transformers, as the command would have it
     import torch
-    from gpu_grpo import DevicePeak
+    from measure import DevicePeak
 
     from agentenv_nb.train import presets
     from agentenv_nb.train.grpo import command

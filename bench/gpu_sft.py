@@ -14,7 +14,7 @@ Notebook 02's path: the GridSim expert played through ``AgentEnv.local`` (proces
 the task's verifier scored 1 (``demos.expert_demonstrations``, ``demos.sft_dataset``); ``loading.load_model`` (Unsloth,
 LoRA, for the "sft" stage); TRL's SFTTrainer with ``presets.sft_config(preset)`` (a small model's settings where the
 model is one); ``rollout.play`` greedily for the eval. Step timing, memory, OOM and error handling are
-bench/gpu_grpo.py's. Prints a markdown table; writes ``$OUT/sft_<preset>[_nocap]<tag>.json`` (OUT: ./bench-out if
+bench/measure.py's. Prints a markdown table; writes ``$OUT/sft_<preset>[_nocap]<tag>.json`` (OUT: ./bench-out if
 unset).
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 from agentenv_nb.stack import import_unsloth
 
 import_unsloth()  # first, so it patches transformers and TRL (SFTTrainer) before they load
-import gpu_grpo as bench  # noqa: E402  (beside this file)
+import measure  # noqa: E402  (beside this file)
 import torch  # noqa: E402
 
 COLUMNS = [("variant", "variant", 0), ("step", "step", 0), ("status", "status", 0), ("step s", "step_s", 1),
@@ -64,7 +64,7 @@ def run_sft(args, timer, result: dict) -> None:
             args.model = build_tiny_model(Path(args.work) / "tiny", corpus_texts=loading.corpus(kept))
         model, tokenizer = loading.load_model(args.model, args.preset, "sft", models_dir=Path(args.work) / "models")
         config = presets.sft_config(args.preset, output_dir=str(Path(args.work) / "sft"), model=model,
-                                    **({} if args.steps < 0 else {"max_steps": args.steps}), **bench.settings(args.set))
+                                    **({} if args.steps < 0 else {"max_steps": args.steps}), **measure.settings(args.set))
         trainer = SFTTrainer(model=model, processing_class=tokenizer, train_dataset=demos.sft_dataset(kept),
                              args=config, callbacks=[timer])
         lengths = [len(ids) for ids in trainer.train_dataset["input_ids"]]
@@ -106,15 +106,15 @@ def main(argv=None) -> dict:
         args.preset, args.steps, args.cap_gb, args.demos = "cpu-tiny", 1, None, min(args.demos, 8)
     elif not args.model:
         parser.error("--model is required (or --smoke)")
-    bench.cap_memory(args.cap_gb)
+    measure.cap_memory(args.cap_gb)
     args.work = tempfile.mkdtemp(prefix="gpu_sft.")
-    result = bench.run_variant("sft", run_sft, args)
-    device = torch.cuda.get_device_name(0) if bench.CUDA else "cpu"
+    result = measure.run_variant("sft", run_sft, args)
+    device = torch.cuda.get_device_name(0) if measure.CUDA else "cpu"
     report = {"preset": args.preset, "cap_gb": args.cap_gb, "steps": args.steps, "smoke": args.smoke,
               "device": device, "result": result}
-    path = bench.write_report(f"sft_{args.preset}{'' if args.cap_gb else '_nocap'}{args.tag}.json", report)
+    path = measure.write_report(f"sft_{args.preset}{'' if args.cap_gb else '_nocap'}{args.tag}.json", report)
     print(f"\n## SFT, {args.preset}, GPU held to {args.cap_gb or 'all'} GB, {device}\n")
-    print("\n".join(bench.markdown(COLUMNS, [result])) + f"\n\nwrote {path}")
+    print("\n".join(measure.markdown(COLUMNS, [result])) + f"\n\nwrote {path}")
     return report
 
 

@@ -37,13 +37,13 @@ def test_the_async_trainer_is_refused_where_it_cant_run_in_one_line():
     gpu, cpu = presets.named("24gb"), presets.named("cpu-tiny")
     runs = lambda: (True, "vllm imports and a CUDA GPU is visible")  # noqa: E731
     assert async_problem(gpu, processes=1, vllm=runs) is None
-    assert "the 'cpu-tiny' preset generates without it: pick the 'grpo' trainer, or a preset that generates on vLLM " \
+    assert "the 'cpu-tiny' preset generates without it: pick TRAINER='grpo', or a preset that generates on vLLM " \
            "('24gb', '16bit', '16gb')" in async_problem(cpu, processes=1, vllm=runs)
     assert "and 2 were launched: launch one" in async_problem(gpu, processes=2, vllm=runs)
-    assert "which can't run here (vllm is not installed): pick the 'grpo' trainer" in async_problem(
+    assert "which can't run here (vllm is not installed): pick TRAINER='grpo'" in async_problem(
         gpu, processes=1, vllm=lambda: (False, "vllm is not installed"))
     [row] = check_trainer("async", "24gb")  # notebook 03's preflight, on this machine without vLLM
-    assert row["status"] == "fail" and row["fix"].startswith("pick the 'grpo' trainer")
+    assert row["status"] == "fail" and row["fix"].startswith("pick TRAINER='grpo'")
     assert check_trainer("grpo", "cpu-tiny")[0]["status"] == "ok"
     assert check_trainer("sync", "cpu-tiny")[0]["fix"] == "TRAINER= one of grpo, async"
 

@@ -3,6 +3,7 @@ capacity every rank needs, and the tiny config end to end: two processes on the 
 them on GPUs) training a step once, then one process resuming their run as the notebook resumes.
 """
 
+import ast
 import json
 import os
 import re
@@ -13,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from agentenv_nb.train.grpo.command import PROG
+
+NOTEBOOK_03 = Path(__file__).parents[1] / "notebooks" / "03_grpo.ipynb"
 
 TRAIN = [sys.executable, "-m", "agentenv_nb.train"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
@@ -36,7 +39,8 @@ def test_help_and_usage_errors_in_one_line(tmp_path):
     assert shown.returncode == 0 and "torchrun --nproc_per_node N -m agentenv_nb.train" in shown.stdout
     for option in ("--bundle", "--run-dir", "--warm-start", "--preset", "--sandbox", "--max-steps", "--save-steps",
                    "--max-concurrent-envs", "--server-processes", "--env-url", "--report-to", "--gguf", "--push-to-hub",
-                   "--trainer"):
+                   "--trainer", "--learning-rate", "--temperature", "--lora-rank", "--rollouts-a-step",
+                   "--num-generations"):
         assert option in shown.stdout
     for args, says in [(["--max-steps", "0"], "--max-steps: '0' is not a whole number of at least 1"),
                        (["--preset", "8gb"], "argument --preset: invalid choice: '8gb'"),
@@ -49,7 +53,11 @@ def test_help_and_usage_errors_in_one_line(tmp_path):
                         "FSDP can't train the '24gb' preset"),
                        (["--warm-start", tmp_path, "--preset", "cpu-tiny", "--trainer", "async"],
                         "the async trainer generates on the model's own vLLM, and the 'cpu-tiny' preset generates "
-                        "without it: pick --trainer grpo, or a preset that generates on vLLM"),
+                        "without it: pick --trainer 'grpo', or a preset that generates on vLLM"),
+                       (["--warm-start", tmp_path, "--preset", "cpu-tiny", "--rollouts-a-step", "6"],
+                        "6 rollouts a step don't make whole groups of 4 rollouts a task (--num-generations): pass "
+                        "--rollouts-a-step a multiple of it"),
+                       (["--max-concurrent-envs", "8"], "--max-concurrent-envs is for servers elsewhere (--env-url)"),
                        (["--trainer", "sync"], "argument --trainer: invalid choice: 'sync'"),
                        (["--report-to", "mlflow"], "argument --report-to: invalid choice: 'mlflow'"),
                        (["--push-to-hub", "you/model"], "--push-to-hub 'you/model' needs a Hugging Face token with "
@@ -93,22 +101,72 @@ def test_a_launch_that_cant_train_is_refused_by_each_rank_in_one_line(tmp_path):
         assert "agentenv_nb/" not in failed.stderr  # no traceback of the kit's
 
 
-def test_the_command_and_notebook_03_take_one_set_of_parameters(monkeypatch):
-    from agentenv_nb.notebook.params import TINY, from_env
+def parameters_cell() -> str:
+    cells = [cell for cell in json.loads(NOTEBOOK_03.read_text())["cells"] if cell["cell_type"] == "code"]
+    return "".join(cells[1]["source"])  # the set-up cell, then the parameters cell (test_notebooks_clean)
+
+
+def test_notebook_03_s_parameters_cell_lists_the_command_s_parameters_with_their_defaults(monkeypatch, capsys):
+    """Each of ``GRPORun``'s parameters a plain assignment with its default, and nothing else, so the notebook, the
+    command's options and the tiny run can't drift apart; ``AGENTENV_NB_<NAME>`` overrides each as its type."""
+    from agentenv_nb.settings import SettingError
+    from agentenv_nb.train import presets
     from agentenv_nb.train.grpo import command
     from agentenv_nb.train.grpo.run import GRPORun
 
     for name in GRPORun().parameters():
         monkeypatch.delenv(f"AGENTENV_NB_{name}", raising=False)
+    source = parameters_cell()
+    assignments = [node for node in ast.parse(source).body if isinstance(node, ast.Assign)]
+    assigned = [target.id for node in assignments for target in node.targets]
+    assert assigned == [name for name in GRPORun().parameters()]  # every one, in GRPORun's order, and no other
+    lines = source.splitlines()
+    assert all("  # " in lines[node.lineno - 1] for node in assignments), "a comment on each parameter's line"
+    cell = {}
+    exec(source, cell)
+    assert {name: cell[name] for name in assigned} == GRPORun().parameters()
+    assert GRPORun.of(cell) == GRPORun()
+
     args = vars(command.parser().parse_args([]))
     assert {name: args[name] for name in GRPORun.command_options()} == {
         name: getattr(GRPORun(), name) for name in GRPORun.command_options()}
-    assert args["max_concurrent_envs"] is None  # sized from the config for every rank, as the notebook sizes its own
     assert set(vars(GRPORun())) - set(GRPORun.command_options()) == {"try_day", "try_prompt"}  # the notebook's own
+    recipe = presets.named("24gb")  # what "unset" gives on a 24 GB card, said in each trainer setting's help
+    for name, value in [("max_steps", recipe.max_steps), ("learning_rate", recipe.learning_rate),
+                        ("temperature", recipe.temperature), ("lora_rank", recipe.lora_r),
+                        ("num_generations", recipe.num_generations),
+                        ("rollouts_a_step", recipe.per_device_train_batch_size * recipe.gradient_accumulation_steps)]:
+        assert f"the preset's ({value}" in GRPORun.help(name) or f"the preset's max_steps ({value}" in GRPORun.help(
+            name), name
+
     monkeypatch.setenv("AGENTENV_NB_MAX_STEPS", "3")
+    monkeypatch.setenv("AGENTENV_NB_LEARNING_RATE", "1e-4")
     monkeypatch.setenv("AGENTENV_NB_PRESET", "16bit")
-    assert from_env(GRPORun()) == GRPORun(max_steps=3, preset="16bit")  # each as its parameter's type
-    assert "MAX_STEPS" not in TINY  # the tiny run trains the cpu-tiny preset's own max_steps
+    exec(source, cell := {})
+    assert GRPORun.of(cell) == GRPORun(max_steps=3, learning_rate=1e-4, preset="16bit")  # each as its type
+    assert "MAX_STEPS = 3  (from AGENTENV_NB_MAX_STEPS)" in capsys.readouterr().out
+    monkeypatch.setenv("AGENTENV_NB_MAX_STEPS", "three")
+    with pytest.raises(SettingError) as refused:  # settings' parser: one line, shown alone in a notebook
+        exec(source, {})
+    assert refused.value._render_traceback_() == [
+        "AGENTENV_NB_MAX_STEPS='three' isn't a whole number; set it to one, or unset it (the notebook's MAX_STEPS)"]
+
+
+def test_the_run_s_trainer_settings_reach_its_config_and_its_lora(tmp_path):
+    from agentenv_nb.train import presets
+    from agentenv_nb.train.grpo.run import GRPORun, run_config, run_preset
+
+    run = GRPORun(preset="cpu-tiny", run_dir=str(tmp_path), learning_rate=1e-3, temperature=0.5, lora_rank=8,
+                  rollouts_a_step=16, num_generations=8)
+    preset = run_preset(run)
+    assert presets.peft_kwargs(preset)["r"] == 8 and presets.peft_kwargs(preset)["lora_alpha"] == 16  # 2r, as r32/64
+    assert presets.model_kwargs(preset, "tiny")["max_lora_rank"] == 8
+    config = run_config(run, preset, None)
+    assert (config.learning_rate, config.temperature, config.num_generations) == (1e-3, 0.5, 8)
+    assert config.per_device_train_batch_size * config.gradient_accumulation_steps == 16
+    assert config.output_dir == f"{tmp_path}/grpo"
+    assert run_config(GRPORun(preset="cpu-tiny", run_dir=str(tmp_path)), presets.named("cpu-tiny"),
+                      None).learning_rate == presets.named("cpu-tiny").learning_rate  # unset: the preset's
 
 
 def test_one_function_sizes_the_sessions_a_run_opens(tmp_path):
@@ -126,6 +184,13 @@ def test_one_function_sizes_the_sessions_a_run_opens(tmp_path):
     assert sessions_needed(tiny) == 16  # an eval batch larger than a step's rollouts
     assert sessions_needed(tiny, beside=1) == 17  # a player beside the trainer's, as notebook 03's transcript
 
+    from agentenv_nb.train.grpo.run import GRPORun, greedy_eval_sessions
+
+    # notebook 03 and the command reserve the same room for the greedy eval after training: an eval batch at most
+    assert greedy_eval_sessions(GRPORun(eval_days=50), big) == 32
+    assert greedy_eval_sessions(GRPORun(eval_days=8), big) == 8
+    assert greedy_eval_sessions(GRPORun(eval_days=0), big) == 1  # "Try it"'s player
+
 
 @pytest.mark.slow
 def test_two_processes_train_once_then_one_resumes(tmp_path):
@@ -139,7 +204,7 @@ def test_two_processes_train_once_then_one_resumes(tmp_path):
     tiny = build_tiny_model(tmp_path / "tiny", corpus_texts=[gridsim.generate.SYSTEM_PROMPT])
     run_dir, grpo = tmp_path / "run", tmp_path / "run" / "grpo"
     tiny_run = ["--bundle", bundle, "--run-dir", run_dir, "--warm-start", tiny, "--preset", "cpu-tiny",
-                "--sandbox", "process", "--server-processes", "0", "--save-steps", "1",
+                "--sandbox", "process", "--server-processes", "0", "--save-steps", "1", "--lora-rank", "4",
                 "--max-new-tokens", "32", "--set", "max_completion_length=64"]  # the random model's text only costs time
 
     two = run([*TORCHRUN, *tiny_run, "--max-steps", "1"], tmp_path)
@@ -170,4 +235,5 @@ def test_two_processes_train_once_then_one_resumes(tmp_path):
     trained = load_file(grpo / "checkpoint-2" / "adapter_model.safetensors")
     exported = load_file(run_dir / "trained" / "adapter" / "adapter_model.safetensors")
     assert exported.keys() == trained.keys() and all(exported[k].equal(trained[k]) for k in trained)
+    assert json.loads((run_dir / "trained" / "adapter" / "adapter_config.json").read_text())["r"] == 4  # --lora-rank
     assert (run_dir / "trained" / "merged" / "model.safetensors").is_file()

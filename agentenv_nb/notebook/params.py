@@ -3,42 +3,33 @@
 bundle and model without editing them.
 
     BUNDLE = "gridsim-v1"
-    globals().update(from_env(globals()))   # AGENTENV_NB_BUNDLE=gridsim-tiny makes BUNDLE "gridsim-tiny"
-    run = from_env(GRPORun())               # notebook 03's: AGENTENV_NB_MAX_STEPS=2 makes run.max_steps 2
+    MAX_STEPS = None
+    globals().update(from_env(globals(), GRPORun.kind))   # AGENTENV_NB_MAX_STEPS=2 makes MAX_STEPS 2
+
+Each value is read as the kit's settings are (``settings.parse_as``): a value that doesn't parse stops the cell with
+one line naming the variable.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable
 from typing import Any
 
-from agentenv_nb.settings import PREFIX
+from agentenv_nb.settings import PREFIX, parse_as
 from agentenv_nb.train.grpo.run import GRPORun
 
 
-def from_env(defaults: dict[str, Any] | GRPORun) -> dict[str, Any] | GRPORun:
-    """What the environment overrides: of a notebook's ``globals()``, the UPPER_CASE names ``AGENTENV_NB_<NAME>``
-    sets, each as its default's type; of a ``GRPORun``, a copy with them."""
-    if isinstance(defaults, GRPORun):
-        found = _overrides(defaults.parameters(), GRPORun.kind)
-        return dataclasses.replace(defaults, **{name.lower(): value for name, value in found.items()})
-    return _overrides(defaults, lambda name: type(defaults[name]))
-
-
-def _overrides(defaults: dict[str, Any], kind: Callable[[str], type]) -> dict[str, Any]:
+def from_env(defaults: dict[str, Any], kinds: Callable[[str], type] | None = None) -> dict[str, Any]:
+    """Of a notebook's ``globals()``, the UPPER_CASE names ``AGENTENV_NB_<NAME>`` sets, each read as its default's
+    type, or as ``kinds(name)`` says where the default is None (notebook 03's: ``GRPORun.kind``)."""
     found = {}
-    for name in defaults:
-        if not name.isupper() or (PREFIX + name) not in os.environ:
+    for name, default in defaults.items():
+        variable = PREFIX + name
+        if not name.isupper() or variable not in os.environ:
             continue
-        text, wanted = os.environ[PREFIX + name], kind(name)
-        if wanted is bool:
-            found[name] = text.lower() in ("1", "true", "yes", "on")
-        elif wanted in (int, float):
-            found[name] = wanted(text)
-        else:
-            found[name] = text
+        kind = type(default) if default is not None or kinds is None else kinds(name)
+        found[name] = parse_as(kind, os.environ[variable].strip(), variable, f"the notebook's {name}")
     for name, value in found.items():
         print(f"{name} = {value!r}  (from {PREFIX}{name})")
     return found

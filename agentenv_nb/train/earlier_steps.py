@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from agentenv_nb.stops import Stop
+from agentenv_nb.train.naming import NOTEBOOK, Naming
 
 
 def looks_like_hub_id(name: str | None) -> bool:
@@ -26,15 +27,16 @@ def warm_start(run_dir: str | Path, given: str = "") -> str:
     return given or f"{run_dir}/sft/merged"
 
 
-def warm_start_problem(run_dir: str | Path, given: str = "") -> str | None:
-    """None where the warm start is there (a folder, or a Hub id given); else one line saying what to do."""
+def warm_start_problem(run_dir: str | Path, given: str = "", naming: Naming = NOTEBOOK) -> str | None:
+    """None where the warm start is there (a folder, or a Hub id given); else one line saying what to do, in
+    ``naming``'s words (the notebook's WARM_START, the command's --warm-start)."""
     name = warm_start(run_dir, given)
     if Path(name).is_dir() or (given and looks_like_hub_id(name)):
         return None
     if not given:
         return (f"no warm start at {name}: run notebook 02 with RUN_DIR={run_dir} first (it saves the model there), "
-                "or set WARM_START to a model folder or Hub id")
-    return f"WARM_START={name}: no such folder, and not a Hub id (owner/name)"
+                f"or {naming.set_to('warm_start')} a model folder or Hub id")
+    return f"{naming.given('warm_start', name)}: no such folder, and not a Hub id (owner/name)"
 
 
 def need_warm_start(run_dir: str | Path, given: str = "") -> str:

@@ -23,6 +23,7 @@ from agentenv_nb.library_log import to_log
 from agentenv_nb.stack import import_unsloth
 from agentenv_nb.train import presets
 from agentenv_nb.train.model import loading
+from agentenv_nb.train.naming import NOTEBOOK, Naming
 
 NO_LLAMA_CPP = ("GGUF skipped: Unsloth's exporter needs a built llama.cpp (llama-quantize and convert_hf_to_gguf.py) "
                 "in {folder} or UNSLOTH_LLAMA_CPP_PATH, and none is there; set BUILD_LLAMA_CPP=True (the command's "
@@ -32,9 +33,9 @@ BUILDING = ("GGUF: no built llama.cpp in {folder}, so Unsloth's exporter downloa
             "minutes (BUILD_LLAMA_CPP=False skips the GGUF)")
 
 
-def hub_problem(repo: str) -> str | None:
+def hub_problem(repo: str, naming: Naming = NOTEBOOK) -> str | None:
     """None where ``repo`` ("owner/name") can be pushed to with the token found (HF_TOKEN, a login, Colab's secret);
-    else one line saying what to set. An empty ``repo`` pushes nothing, so it is no problem."""
+    else one line saying what to set, in ``naming``'s words. An empty ``repo`` pushes nothing, so it is no problem."""
     if not repo:
         return None
     from huggingface_hub import get_token
@@ -45,10 +46,11 @@ def hub_problem(repo: str) -> str | None:
         if not re.fullmatch(r"[^/]+/[^/]+", repo):
             raise HFValidationError("not owner/name")
     except HFValidationError:
-        return f"PUSH_TO_HUB={repo!r} is not a Hub repo id: give owner/name (e.g. you/qwen3-4b-gridsim), or leave it empty"
+        return (f"{naming.given('push_to_hub', repr(repo))} is not a Hub repo id: give owner/name (e.g. "
+                f"you/qwen3-4b-gridsim), or {naming.unset('push_to_hub')}")
     if not get_token():
-        return (f"PUSH_TO_HUB={repo!r} needs a Hugging Face token with write access: set HF_TOKEN (on Colab, the secret "
-                "HF_TOKEN), or leave PUSH_TO_HUB empty")
+        return (f"{naming.given('push_to_hub', repr(repo))} needs a Hugging Face token with write access: set HF_TOKEN "
+                f"(on Colab, the secret HF_TOKEN), or {naming.unset('push_to_hub')}")
     return None
 
 

@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import importlib.util
 
+from agentenv_nb.train.naming import NOTEBOOK, Naming
+
 REPORT_TO = {"none": None, "tensorboard": "tensorboard", "trackio": "trackio", "wandb": "wandb"}
 """The choices, each with the package it needs (requirements-gpu.txt pins tensorboard; the others install apart)."""
 
 
-def report_to_problem(report_to: str) -> str | None:
-    """None where ``report_to`` can log here; else one line saying what to pick or install."""
+def report_to_problem(report_to: str, naming: Naming = NOTEBOOK) -> str | None:
+    """None where ``report_to`` can log here; else one line saying what to pick or install, in ``naming``'s words."""
+    given = naming.given("report_to", repr(report_to))
     if report_to not in REPORT_TO:
-        return f"REPORT_TO={report_to!r} is not one of {', '.join(map(repr, REPORT_TO))}"
+        return f"{given} is not one of {', '.join(map(repr, REPORT_TO))}"
     package = REPORT_TO[report_to]
     if package and importlib.util.find_spec(package) is None:
-        return f"REPORT_TO={report_to!r} needs the {package} package: pip install {package}, or pick 'none'"
+        return f"{given} needs the {package} package: pip install {package}, or pick 'none'"
     return None
 
 

@@ -5,9 +5,10 @@ starts on N GPUs as data parallel (docs/scale-out.md).
     torchrun --nproc_per_node 2 -m agentenv_nb.train --run-dir runs/gridsim   # two GPUs, one model copy each
     accelerate launch --num_processes 2 -m agentenv_nb.train --env-url http://env-host:8000 --max-concurrent-envs 128
 
-The same parameters and building blocks as the notebook: ``loading.load_model``, ``presets.trainer_config``,
-``AgentEnv``, ``train.grpo.trainer.trainer_for`` (``--trainer``: TRL's GRPOTrainer, or Unsloth's AsyncGRPOTrainer on one GPU)
-with ``env.metrics`` and the console live view, ``fit`` (which resumes from the run's last checkpoint). Each rank
+The same parameters (``GRPORun``) and steps as the notebook (``train.grpo.run``: the preset and config, the bundle
+served with the sessions the run needs, the model loaded and checked, the trial step, ``fit``, which resumes from the
+run's last checkpoint, the greedy eval and the export), with the console live view; this module adds only the options
+and the ranks. ``--trainer``: TRL's GRPOTrainer, or Unsloth's AsyncGRPOTrainer on one GPU. Each rank
 trains on its own rows of every generation batch on its own GPU, with its own vLLM engine where the preset generates
 on vLLM, sized and capped on that GPU (``launch``, ``vllm_sizing``); rank 0 serves the envs for all ranks (``ranks``),
 prints the live view, and writes the metrics and checkpoints (transformers' Trainer saves on the main process only). A
@@ -22,14 +23,16 @@ import contextlib
 import json
 import os
 import sys
-from pathlib import Path
 
 from agentenv_nb import settings
+from agentenv_nb.stops import Stop
 from agentenv_nb.train import earlier_steps
 from agentenv_nb.train.export import hub_problem
 from agentenv_nb.train.grpo.launch import ASYNC_EVALS, launch_problem
-from agentenv_nb.train.presets import AUTO, PRESETS
+from agentenv_nb.train.grpo import run as grpo_run
 from agentenv_nb.train.grpo.run import SANDBOXES, TRAINERS, GRPORun
+from agentenv_nb.train.naming import COMMAND
+from agentenv_nb.train.presets import AUTO, PRESETS
 from agentenv_nb.train.tracking import REPORT_TO, report_to_problem
 
 PROG = "python -m agentenv_nb.train"
@@ -58,14 +61,19 @@ def parser() -> argparse.ArgumentParser:
     _option(p, "trainer", choices=TRAINERS)
     _option(p, "sandbox", choices=SANDBOXES)
     _option(p, "max_steps", type=_positive)
+    _option(p, "learning_rate", type=_positive_number)
+    _option(p, "temperature", type=_positive_number)
+    _option(p, "lora_rank", type=_positive)
+    _option(p, "rollouts_a_step", type=_positive)
+    _option(p, "num_generations", type=_positive)
     _option(p, "save_steps", type=_counting)
-    p.add_argument("--max-concurrent-envs", type=_positive, help="sessions the env servers hold in all; default: "
-                   "sized for every rank: the larger of a step's rollouts and an eval batch, every rank's")
     _option(p, "server_processes", type=_counting)  # rank 0's, for every rank
     _option(p, "reward")  # a name or a step id: reaches the server processes as notebook 03's does
     _option(p, "toolsets", choices=("first", "each"))
     p.add_argument("--env-url", action="append", metavar="URL", help="play envs served elsewhere (python -m "
                    "agentenv_nb.envs.serve on an env host) instead of serving here; repeat for several servers")
+    p.add_argument("--max-concurrent-envs", type=_positive, help="with --env-url: the sessions those servers hold in "
+                   "all, checked against the run's need (served here, the servers are sized from the config)")
     _option(p, "report_to", choices=REPORT_TO)
     _option(p, "gguf", metavar="QUANT")  # beside the adapter and the merged model in RUN_DIR/trained
     _option(p, "build_llama_cpp", action="store_true")
@@ -92,6 +100,16 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number above 0")
+    return value
+
+
 def _counting(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 0")
@@ -108,55 +126,55 @@ def _setting(text: str) -> tuple[str, object]:
         return key, value
 
 
-def warm_start(args) -> str:
-    """The model to train (``earlier_steps.warm_start``); else UsageError saying what to pass."""
-    if problem := earlier_steps.warm_start_problem(args.run_dir, args.warm_start):
-        raise UsageError(problem.replace("WARM_START=", "--warm-start ").replace("set WARM_START to",
-                                                                                 "pass --warm-start:"))
-    return earlier_steps.warm_start(args.run_dir, args.warm_start)
+def run_of(args) -> GRPORun:
+    """The run the options describe."""
+    return GRPORun(**{name: getattr(args, name) for name in GRPORun.command_options()})
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    run = run_of(args)
     try:
         try:  # every path reads them later, some only after Unsloth loads (seconds): a bad one is said first
             settings.check_environment()
         except settings.SettingError as error:
             raise UsageError(str(error)) from None
-        if problem := report_to_problem(args.report_to):
-            raise UsageError(problem.replace("REPORT_TO=", "--report-to "))
-        if problem := hub_problem(args.push_to_hub):
-            raise UsageError(problem.replace("PUSH_TO_HUB=", "--push-to-hub ").replace("leave PUSH_TO_HUB empty",
-                                                                                   "leave --push-to-hub out"))
-        model_name = warm_start(args)
-        # FSDP with vLLM, a GPU short, the async trainer without vLLM or on several processes
-        if problem := launch_problem(args.preset, dict(args.overrides), args.trainer):
-            raise UsageError(problem.replace("the 'grpo' trainer", "--trainer grpo"))
-        serving = None if args.env_url or os.environ.get("RANK", "0") != "0" else where_to_serve(args)
-        train(args, model_name, serving)
-    except UsageError as error:
+        if args.max_concurrent_envs and not args.env_url:
+            raise UsageError("--max-concurrent-envs is for servers elsewhere (--env-url): the servers this command "
+                             "starts hold the sessions the run's config needs, every rank's")
+        problem = (report_to_problem(run.report_to, COMMAND) or hub_problem(run.push_to_hub, COMMAND)
+                   or earlier_steps.warm_start_problem(run.run_dir, run.warm_start, COMMAND)
+                   # FSDP with vLLM, a GPU short, the async trainer without vLLM or on several processes
+                   or launch_problem(run.preset, dict(args.overrides), run.trainer, COMMAND))
+        if problem:
+            raise UsageError(problem)
+        model_name = earlier_steps.warm_start(run.run_dir, run.warm_start)
+        preset = grpo_run.run_preset(run, COMMAND)  # "auto": the card's, said in a line
+        bundle = None if args.env_url or os.environ.get("RANK", "0") != "0" else where_to_serve(run)
+        train(run, args, preset, model_name, bundle)
+    except (UsageError, Stop) as error:
         rank = os.environ.get("RANK")
         print(f"{PROG}: error{f' (rank {rank})' if rank not in (None, '0') else ''}: {error}", file=sys.stderr)
         return 2
     return 0
 
 
-def where_to_serve(args):
-    """The bundle resolved (``envs.resolve``: fetched if need be, its sandbox chosen, its envs checked) on the process
-    that will serve it, before anything slow starts: an unknown bundle or an impossible sandbox is said at once."""
+def where_to_serve(run: GRPORun):
+    """The bundle resolved (``run.resolve_bundle``: fetched if need be, its sandbox chosen, its envs checked) on the
+    process that will serve it, before anything slow starts: an unknown bundle or an impossible sandbox is said at
+    once."""
     from agentenv_nb.envs.choice import SandboxError
-    from agentenv_nb.envs.resolve import resolve
     from agentenv_nb.tasks import bundles
 
     try:
-        return resolve(args.bundle, None if args.sandbox == "auto" else args.sandbox, bundle_dir=args.bundles_dir)
+        return grpo_run.resolve_bundle(run)
     except (bundles.UnknownBundle, SandboxError, ValueError, RuntimeError) as error:  # ValueError: a bad setting
         raise UsageError(str(error)) from None
 
 
-def train(args, model_name: str, serving) -> None:
-    """Notebook 03's cells on this rank: configure, serve (rank 0) or connect, load, train, save the state, and
-    (rank 0) export the trained model."""
+def train(run: GRPORun, args, preset, model_name: str, bundle) -> None:
+    """Notebook 03's steps on this rank: configure, serve (rank 0) or connect, load, train, save the state, and
+    (rank 0) the greedy eval and the export."""
     from agentenv_nb.host.plan import say_plan
     from agentenv_nb.stack import import_unsloth
 
@@ -164,83 +182,62 @@ def train(args, model_name: str, serving) -> None:
     import_unsloth()  # first, so Unsloth patches transformers and TRL before anything uses them
     from accelerate import PartialState
 
-    from agentenv_nb.train import presets
-
     # The config first: making it joins torchrun's or accelerate's process group (on a CPU too, with gloo)
-    config = presets.trainer_config(args.trainer, args.preset, output_dir=f"{args.run_dir}/grpo",
-                                    max_steps=args.max_steps, save_steps=args.save_steps, resume=True,
-                                    model_name=model_name, **dict(args.overrides))
+    config = grpo_run.run_config(run, preset, model_name, **dict(args.overrides))
     state = PartialState()
     with contextlib.ExitStack() as quiet:
         if not state.is_main_process:  # rank 0 speaks for the run; the others' warnings and errors still reach stderr
             quiet.enter_context(contextlib.redirect_stdout(quiet.enter_context(open(os.devnull, "w"))))
-        _train(args, model_name, serving, config, state)
+        _train(run, args, preset, model_name, bundle, config, state)
 
 
-def _train(args, model_name: str, serving, config, state) -> None:
-    from agentenv_nb.train.model import loading
-    from agentenv_nb.train.export import export_model
-    from agentenv_nb.train.grpo.trainer import trainer_for
-    from agentenv_nb.train.grpo import trial
-    from agentenv_nb.train.fit import fit
-    from agentenv_nb.train.live import ConsoleLivePlot
-    from agentenv_nb.train.grpo.ranks import close_for_ranks, envs_for_ranks
-    from agentenv_nb.train.rollout import greedy_evals, play, summary
-    from agentenv_nb.tasks.bundles import toolset_count
+def _sessions(run: GRPORun, args, bundle, config, state) -> int | None:
+    """The sessions rank 0's servers hold (``run.session_limit``), said in a line; or, playing servers elsewhere,
+    None, their limit (``--max-concurrent-envs``) checked against the run's need where it is given."""
     from agentenv_nb.train.grpo.sessions import capacity_problem, sessions_needed
 
-    if args.trainer == "async":
-        print(ASYNC_EVALS + ("" if args.eval_days else ", and --eval-days 0 plays none"))
-    toolsets = toolset_count(serving.folder, args.toolsets) if serving else 1  # a pool of environments each
-    # rank 0's greedy eval after training plays an eval batch while the trainer's environments hold their sessions
-    beside = min(args.eval_days, config.per_device_eval_batch_size)
-    needed = sessions_needed(config, toolsets, beside=beside)
-    limit = args.max_concurrent_envs or (None if args.env_url else needed)
-    if limit is None:
+    if bundle is not None:
+        limit = grpo_run.session_limit(run, config, bundle)
+        print(f"{state.num_processes} process(es) open up to {limit} env sessions at once; the env servers hold that")
+        return limit
+    beside = grpo_run.greedy_eval_sessions(run, config)
+    if args.env_url and args.max_concurrent_envs:
+        if problem := capacity_problem(config, args.max_concurrent_envs, beside=beside):
+            raise UsageError(problem)
+    elif args.env_url:
         print(f"the env servers' session limit wasn't given, so it isn't checked: {state.num_processes} rank(s) open "
-              f"up to {needed} sessions at once (--max-concurrent-envs to check)")
-    elif problem := capacity_problem(config, limit, toolsets, beside=beside):
-        raise UsageError(problem)
-    else:
-        print(f"{state.num_processes} process(es) open up to {needed} env sessions at once; the env servers hold "
-              f"{limit}")
+              f"up to {sessions_needed(config, beside=beside)} sessions at once (--max-concurrent-envs to check)")
+    return None
+
+
+def _train(run: GRPORun, args, preset, model_name: str, bundle, config, state) -> None:
+    from agentenv_nb.train.grpo.ranks import close_for_ranks, envs_for_ranks
+    from agentenv_nb.train.live import ConsoleLivePlot
+    from agentenv_nb.train.rollout import summary
+
+    if run.trainer == "async":
+        print(ASYNC_EVALS + ("" if run.eval_days else ", and --eval-days 0 plays none"))
+    limit = _sessions(run, args, bundle, config, state)
     try:
-        env = envs_for_ranks(state, lambda: _serve(args, serving, limit), urls=args.env_url)
+        env = envs_for_ranks(state, lambda: grpo_run.serve(run, bundle, limit), urls=args.env_url)
     except ConnectionError as error:  # an --env-url where no env server answers
         raise UsageError(str(error)) from None
     try:
-        model, tokenizer = loading.load_model(model_name, args.preset)
-        env.check(tokenizer)
+        model, tokenizer = grpo_run.load(preset, model_name, env)
         live = [ConsoleLivePlot()] if state.is_main_process else []  # the others' logs are the same numbers
-        trainer = trainer_for(model, tokenizer, config, env, callbacks=[env.metrics, *live])  # --trainer's
-        if state.num_processes == 1:  # a trial trainer beside the run's isn't tried across ranks yet
-            print(trial.check(model, tokenizer, config, env, args.preset))  # the longest step first: fits? how long?
-        fit(trainer, report_to=args.report_to)  # resumes from the last checkpoint, and never past --max-steps
-        trainer.save_state()  # trainer_state.json, with every log: on the main process only
-        if state.is_main_process and args.eval_days:  # as notebook 03 scores the trained model
-            played = play(trainer.model, tokenizer, env.factory, env.dataset_for("eval", first=args.eval_days),
-                          batch_size=config.per_device_eval_batch_size, max_new_tokens=args.max_new_tokens)
-            scored = greedy_evals(args.run_dir, {"after GRPO": summary(played)})["after GRPO"]
+        # a trial trainer beside the run's isn't tried across ranks yet
+        trainer = grpo_run.train(run, preset, model, tokenizer, config, env, live, trial=state.num_processes == 1)
+        if state.is_main_process and run.eval_days:  # as notebook 03 scores the trained model
+            played, _ = grpo_run.greedy_eval(run, trainer.model, tokenizer, env, config)
+            scored = summary(played)
             print(f"greedy eval on {len(played)} eval tasks: "
                   f"reward {scored['reward']:.3f} ± {scored['reward_std']:.3f}, "
-                  f"tool-call rate {scored['tool_call_rate']:.3f} (in {args.run_dir}/greedy-evals.csv)")
+                  f"tool-call rate {scored['tool_call_rate']:.3f} (in {run.run_dir}/greedy-evals.csv)")
         if state.is_main_process:
-            export_model(trainer.model, tokenizer, f"{args.run_dir}/trained", gguf=args.gguf,
-                         push_to_hub=args.push_to_hub, build_llama_cpp=args.build_llama_cpp)
+            grpo_run.export(run, trainer.model, tokenizer)
     except BaseException:
         env.close()
         raise
     close_for_ranks(state, env)
     print(f"{state.num_processes} process(es) trained to step {trainer.state.global_step}; checkpoints and logs in "
           f"{config.output_dir}")
-
-
-def _serve(args, serving, limit: int):
-    """Rank 0's servers for every rank: the resolved bundle served from ``--server-processes`` processes, holding
-    ``limit`` sessions, as notebook 03."""
-    from dataclasses import replace
-
-    from agentenv_nb import AgentEnv
-
-    return AgentEnv.local(replace(serving, max_concurrent_envs=limit), split="train",
-                          processes=args.server_processes, reward=args.reward or None, toolsets=args.toolsets)

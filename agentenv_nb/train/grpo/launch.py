@@ -17,6 +17,8 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from agentenv_nb.train.naming import NOTEBOOK, Naming
+
 if TYPE_CHECKING:
     from agentenv_nb.train.presets import Preset
 
@@ -67,29 +69,31 @@ ASYNC_EVALS = ("the async trainer has no eval loop (TRL's AsyncGRPOTrainer): no 
                "after training is the run's figure")
 
 
-def async_problem(preset: Preset, processes: int, vllm: Callable[[], tuple[bool, str]] | None = None) -> str | None:
+def async_problem(preset: Preset, processes: int, vllm: Callable[[], tuple[bool, str]] | None = None,
+                  naming: Naming = NOTEBOOK) -> str | None:
     """Why the async trainer (``train.grpo.trainer.async_grpo_trainer``) can't train ``preset`` in a launch of ``processes``
-    processes, in one line saying what to pick instead; None if it can. Whether vLLM runs here is asked last, of
-    ``vllm`` (default ``stack.vllm_available``, which imports it)."""
+    processes, in one line saying what to pick instead, in ``naming``'s words; None if it can. Whether vLLM runs here
+    is asked last, of ``vllm`` (default ``stack.vllm_available``, which imports it)."""
     from agentenv_nb.stack import vllm_available
     from agentenv_nb.train.presets import PRESETS
 
+    grpo = naming.given("trainer", "'grpo'")
     if preset.on_cpu or not preset.vllm:
         fast = ", ".join(repr(name) for name, p in PRESETS.items() if p.vllm and not p.on_cpu)
         return (f"the async trainer generates on the model's own vLLM, and the '{preset.name}' preset generates "
-                f"without it: pick the 'grpo' trainer, or a preset that generates on vLLM ({fast}) on a GPU")
+                f"without it: pick {grpo}, or a preset that generates on vLLM ({fast}) on a GPU")
     if processes > 1:
         return (f"the async trainer trains in one process on one GPU (Unsloth serves that process's vLLM to TRL's "
-                f"rollout worker), and {processes} were launched: launch one, or pick the 'grpo' trainer, which "
-                "trains data parallel")
+                f"rollout worker), and {processes} were launched: launch one, or pick {grpo}, which trains data "
+                "parallel")
     ok, why = (vllm or vllm_available)()
     if not ok:
-        return (f"the async trainer generates on the model's own vLLM, which can't run here ({why}): pick the 'grpo' "
-                "trainer, which generates with transformers' generate where there is no vLLM")
+        return (f"the async trainer generates on the model's own vLLM, which can't run here ({why}): pick {grpo}, "
+                "which generates with transformers' generate where there is no vLLM")
     return None
 
 
-def launch_problem(preset: str, settings: dict, trainer: str = "grpo") -> str | None:
+def launch_problem(preset: str, settings: dict, trainer: str = "grpo", naming: Naming = NOTEBOOK) -> str | None:
     """``problem`` for this process's launch: its launcher's environment, the GPUs it sees, and ``settings`` (the
     GRPOConfig's, over the preset's); then, for the "async" ``trainer``, ``async_problem`` (which imports vLLM)."""
     import torch
@@ -99,4 +103,4 @@ def launch_problem(preset: str, settings: dict, trainer: str = "grpo") -> str | 
     found = problem(named(preset), processes_here(), torch.cuda.device_count(), fsdp_requested(settings))
     if found or trainer != "async":
         return found
-    return async_problem(named(preset), processes_launched())
+    return async_problem(named(preset), processes_launched(), naming=naming)

@@ -1,17 +1,26 @@
-"""Notebook 03's GRPO run: its parameters and their defaults, in one place. The notebook's parameters cell, the
-training command's options (``python -m agentenv_nb.train``) and the tiny run CI and the demo make read them here.
+"""Notebook 03's GRPO run, written once: its parameters and their defaults (``GRPORun``), and its steps, which the
+notebook's cells call in order, as the training command (``python -m agentenv_nb.train``) and bench/gpu_grpo.py do.
 
-    run = GRPORun()                                 # gridsim-v1, the card's preset and its max_steps, ...
-    dataclasses.replace(run, preset="16bit")        # a run of your own
-    run.parameters()                                # {"BUNDLE": "gridsim-v1", ...}: the notebook's names
-    run.table()                                     # each parameter, its value and what it sets, whole
+    run = GRPORun.of(globals())                     # the notebook's parameters cell; or GRPORun(preset="16bit")
+    preset = run_preset(run)                        # PRESET, with the run's LoRA rank and rollouts over its own
+    config = run_config(run, preset, warm_start)    # TRAINER's config, resuming from RUN_DIR/grpo's last checkpoint
+    bundle = resolve_bundle(run)                    # fetched, its sandbox chosen, its envs checked
+    env = serve(run, bundle, session_limit(run, config, bundle))
+    model, tokenizer = load(preset, warm_start, env)
+    trainer = train(run, preset, model, tokenizer, config, env, callbacks=[live])   # trial step, fit, state saved
+    played, table = greedy_eval(run, trainer.model, tokenizer, env, config)
+    saved = export(run, trainer.model, tokenizer)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import typing
+
+from agentenv_nb.stops import Stop
+from agentenv_nb.train.naming import NOTEBOOK, Naming
 
 SANDBOXES = ("auto", "process", "modal", "local")
 TRAINERS = ("grpo", "async")  # the trainers train.grpo.trainer.trainer_for makes, by presets.trainer_config
@@ -19,8 +28,7 @@ TRAINERS = ("grpo", "async")  # the trainers train.grpo.trainer.trainer_for make
 
 def servers_for_host(most: int = 8) -> int:
     """Env server processes for this host: one a core this process may run on, at most ``most``. Each prepares the
-    whole bundle as it starts: on 2 cores and 1,800 GridSim tasks, 2 started in 28 s, as 1 did, and 8 in 103 s or past
-    the 2-minute start timeout, no faster at play (bench/expert_replay.py, docs/benchmarks.md)."""
+    whole bundle as it starts, so more processes than cores start slower and play no faster (docs/benchmarks.md)."""
     return min(most, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
@@ -37,15 +45,26 @@ class GRPORun:
     run_dir: str = _parameter("runs/gridsim", "where models, checkpoints, logs and plots go; GRPO's in RUN_DIR/grpo")
     warm_start: str = _parameter("", "the SFT model, a folder or a Hub id; empty: RUN_DIR/sft/merged, which notebook "
                                      "02 writes")
-    preset: str = _parameter("auto", "'auto': the preset that fits this card ('24gb' on 20 GB or more, '16gb' below, "
-                                     "as on a T4, 'cpu-tiny' with no GPU); or a name from presets.PRESETS ('16bit')")
+    preset: str = _parameter("auto", "'auto': the preset that fits this card ('24gb', the recipe's, on 20 GB or more, "
+                                     "vLLM's weights the fastest that fit; '16gb' below, as on a T4; 'cpu-tiny' with "
+                                     "no GPU); or a name from presets.PRESETS ('16bit': LoRA on 16-bit weights)")
     trainer: str = _parameter("grpo", "'grpo': TRL's GRPOTrainer (Unsloth's), eval points every eval_steps; 'async': "
                                       "Unsloth's AsyncGRPOTrainer, generating the next batch on the model's own vLLM "
                                       "while this one trains (one GPU with vLLM; no eval loop: the greedy eval after "
                                       "training is its figure)")
     sandbox: str = _parameter("auto", "where envs run: 'auto' (chosen for the bundle), 'process', 'modal', 'local' "
                                       "(Docker)")
-    max_steps: int | None = _parameter(None, "the step to train to; unset (None): the preset's max_steps")
+    max_steps: int | None = _parameter(None, "the step to train to; unset: the preset's max_steps (40; 'cpu-tiny' 4)")
+    learning_rate: float | None = _parameter(None, "the optimizer's peak learning rate; unset: the preset's (2e-05; a "
+                                                   "model under 1B parameters 0.0001; 'cpu-tiny' 0.0003)")
+    temperature: float | None = _parameter(None, "the rollouts' sampling temperature; unset: the preset's (1.1; a "
+                                                 "model under 1B parameters 0.7; 'cpu-tiny' 0.8)")
+    lora_rank: int | None = _parameter(None, "LoRA's rank r, its alpha scaled with it (r32/alpha64); unset: the "
+                                             "preset's (32)")
+    rollouts_a_step: int | None = _parameter(None, "the rollouts a step trains on, a GPU's: tasks a step x "
+                                                   "num_generations; unset: the preset's (32; '16gb' 16; 'cpu-tiny' 8)")
+    num_generations: int | None = _parameter(None, "rollouts a task, the group GRPO compares; unset: the preset's (8; "
+                                                   "'cpu-tiny' 4)")
     save_steps: int = _parameter(5, "a checkpoint every few steps, to resume from (0: none)")
     server_processes: int = _parameter(servers_for_host(), "env servers beside the trainer, off its GIL (default: one "
                                                            "a core, up to 8); 0: a thread of this process")
@@ -66,6 +85,11 @@ class GRPORun:
     try_day: int = _parameter(0, "the eval task notebook 03's \"Try it\" plays, by its index", notebook_only=True)
     try_prompt: str = _parameter("", "your own words for that task, in place of its prompt", notebook_only=True)
 
+    @classmethod
+    def of(cls, parameters: dict) -> GRPORun:
+        """The run a notebook's parameters cell sets: of ``parameters`` (its ``globals()``), the notebook's names."""
+        return cls(**{field.name: parameters[field.name.upper()] for field in dataclasses.fields(cls)})
+
     def parameters(self) -> dict:
         """The parameters under the notebook's names: {"BUNDLE": ..., "MAX_STEPS": ...}."""
         return {field.name.upper(): getattr(self, field.name) for field in dataclasses.fields(self)}
@@ -75,16 +99,6 @@ class GRPORun:
         default = type(self)()
         return {name: value for name, value in self.parameters().items()
                 if value != getattr(default, name.lower())}
-
-    def table(self):
-        """Each parameter, its value and what it sets, whole (``tables.text_table``: ``.data`` is the DataFrame)."""
-        import pandas as pd
-
-        from agentenv_nb.tables import text_table
-
-        rows = [(field.name.upper(), repr(getattr(self, field.name)), field.metadata["help"])
-                for field in dataclasses.fields(self)]
-        return text_table(pd.DataFrame(rows, columns=["parameter", "value", "what it sets"]))
 
     @classmethod
     def command_options(cls) -> list[str]:
@@ -101,3 +115,118 @@ class GRPORun:
         """The type of parameter ``name``'s values, None aside: ``int`` for ``max_steps``."""
         hint = typing.get_type_hints(cls)[name.lower()]
         return next((arg for arg in typing.get_args(hint) if arg is not type(None)), hint)
+
+
+# The run's steps, in the order notebook 03 calls them
+
+
+def run_preset(run: GRPORun, naming: Naming = NOTEBOOK):
+    """The run's preset (``presets.named``: "auto" is the card's) with the run's LoRA rank (its alpha scaled with it),
+    rollouts a step and rollouts a task over its own; vLLM is sized, and the model loaded, from it. Rollouts that
+    make no whole groups stop with a line in ``naming``'s words."""
+    from agentenv_nb.train import presets
+
+    preset = presets.named(run.preset)
+    changes = {}
+    if run.lora_rank:
+        changes.update(lora_r=run.lora_rank, lora_alpha=preset.lora_alpha * run.lora_rank // preset.lora_r)
+    generations = run.num_generations or preset.num_generations
+    if run.rollouts_a_step or run.num_generations:
+        rollouts = run.rollouts_a_step or preset.per_device_train_batch_size * preset.gradient_accumulation_steps
+        if rollouts % generations:
+            raise Stop(f"{rollouts} rollouts a step don't make whole groups of {generations} rollouts a task "
+                       f"({naming.name('num_generations')}): {naming.set_to('rollouts_a_step')} a multiple of it")
+        batch = math.gcd(rollouts, preset.per_device_train_batch_size)  # the preset's micro-batch, or what divides
+        changes.update(per_device_train_batch_size=batch, gradient_accumulation_steps=rollouts // batch,
+                       num_generations=generations)
+    return dataclasses.replace(preset, **changes)
+
+
+def run_config(run: GRPORun, preset, model_name: str, **overrides):
+    """The checked config of the run's trainer (``presets.trainer_config``) for ``preset``, in RUN_DIR/grpo, resuming
+    from its last checkpoint, with the run's max_steps, save_steps, learning rate and temperature (over a small
+    model's, ``model_name`` being counted), and ``overrides`` (GRPOConfig settings) over all."""
+    from agentenv_nb.train import presets
+
+    chosen = {name: value for name, value in (("learning_rate", run.learning_rate), ("temperature", run.temperature))
+              if value is not None}
+    return presets.trainer_config(run.trainer, preset, **{
+        "output_dir": f"{run.run_dir}/grpo", "max_steps": run.max_steps, "save_steps": run.save_steps, "resume": True,
+        "model_name": model_name, **chosen, **overrides})
+
+
+def resolve_bundle(run: GRPORun):
+    """The run's bundle resolved once (``envs.resolve``): fetched, its sandbox chosen, its envs checked."""
+    from agentenv_nb.envs.resolve import resolve
+
+    return resolve(run.bundle, None if run.sandbox == "auto" else run.sandbox, bundle_dir=run.bundles_dir)
+
+
+def greedy_eval_sessions(run: GRPORun, config) -> int:
+    """The sessions played beside the trainer's after training, while its environments still hold theirs: the greedy
+    eval's, an eval batch of EVAL_DAYS at most, or the one of notebook 03's "Try it" where there is no eval."""
+    return max(1, min(run.eval_days, config.per_device_eval_batch_size))
+
+
+def session_limit(run: GRPORun, config, bundle) -> int:
+    """The sessions the env servers hold, every rank's (``sessions.sessions_needed``): what the trainer opens at once,
+    a pool a toolset of ``bundle`` (a resolved one), and the greedy eval's beside them."""
+    from agentenv_nb.tasks.bundles import toolset_count
+    from agentenv_nb.train.grpo.sessions import sessions_needed
+
+    return sessions_needed(config, toolset_count(bundle.folder, run.toolsets), beside=greedy_eval_sessions(run, config))
+
+
+def serve(run: GRPORun, bundle, sessions: int):
+    """``bundle`` (resolved) served here for the run, holding ``sessions`` (``session_limit``), from SERVER_PROCESSES
+    processes beside this one (0: a thread), with the run's reward and toolsets; the train split's ``AgentEnv``."""
+    from agentenv_nb import AgentEnv
+
+    return AgentEnv.local(dataclasses.replace(bundle, max_concurrent_envs=sessions), split="train",
+                          processes=run.server_processes, reward=run.reward or None, toolsets=run.toolsets)
+
+
+def load(preset, model_name: str, env):
+    """``model_name`` loaded as ``preset`` says (``loading.load_model``), checked against ``env`` (its chat template,
+    tools and thinking: ``AgentEnv.check``); returns (model, tokenizer)."""
+    from agentenv_nb.train.model import loading
+
+    model, tokenizer = loading.load_model(model_name, preset)
+    env.check(tokenizer)
+    return model, tokenizer
+
+
+def train(run: GRPORun, preset, model, tokenizer, config, env, callbacks=(), trial: bool = True):
+    """The trainer ``config`` configures (``trainer.trainer_for``: TRL's GRPOTrainer, or the async one) on ``env``
+    with ``env.metrics`` and ``callbacks``; with ``trial``, one step at the worst case first (``trial.check``: does it
+    fit, how long); then trained (``fit``: resumes from the last checkpoint, never past MAX_STEPS, logging to
+    REPORT_TO too) and its state saved (trainer_state.json, every log). Returns the trainer."""
+    from agentenv_nb.train.fit import fit
+    from agentenv_nb.train.grpo import trial as trial_step
+    from agentenv_nb.train.grpo.trainer import trainer_for
+
+    trainer = trainer_for(model, tokenizer, config, env, callbacks=[env.metrics, *callbacks])
+    if trial:
+        print(trial_step.check(model, tokenizer, config, env, preset))
+    fit(trainer, report_to=run.report_to)
+    trainer.save_state()  # on the main process only
+    return trainer
+
+
+def greedy_eval(run: GRPORun, model, tokenizer, env, config):
+    """The first EVAL_DAYS eval tasks played greedily, an eval batch at a time, as notebook 02 scores the warm start;
+    kept as "after GRPO" in RUN_DIR/greedy-evals.csv. Returns the rollouts and that table, every stage's."""
+    from agentenv_nb.train.rollout import greedy_evals, play, summary
+
+    played = play(model, tokenizer, env.factory, env.dataset_for("eval", first=run.eval_days),
+                  batch_size=config.per_device_eval_batch_size, max_new_tokens=run.max_new_tokens)
+    return played, greedy_evals(run.run_dir, {"after GRPO": summary(played)})
+
+
+def export(run: GRPORun, model, tokenizer) -> dict:
+    """The trained model saved in RUN_DIR/trained (``export.export_model``: the adapter, the merged model, the GGUF
+    where llama.cpp is built or BUILD_LLAMA_CPP), pushed to PUSH_TO_HUB where set; returns where each went."""
+    from agentenv_nb.train.export import export_model
+
+    return export_model(model, tokenizer, f"{run.run_dir}/trained", gguf=run.gguf, push_to_hub=run.push_to_hub,
+                        build_llama_cpp=run.build_llama_cpp)

@@ -1,8 +1,9 @@
-"""How many env sessions a GRPO run holds open at once: the one number the env servers' ``max_concurrent_envs`` is
-sized from, on one GPU or many, and checked against.
+"""How many env sessions a run holds open at once: the one number the env servers' ``max_concurrent_envs`` is sized
+from, on one GPU or many, and checked against.
 
     limit = sessions_needed(config)                  # serve with it: AgentEnv.local(bundle, max_concurrent_envs=limit)
     if problem := capacity_problem(config, served): raise SystemExit(problem)
+    limit = play_sessions("24gb")                    # notebook 02's: its greedy evals, an eval batch at a time
 
 TRL makes one environment per rollout in flight and reuses them for training and eval, per environment class, so
 its pool grows to the larger of a generation batch (a step's rollouts, every rank's: TRL's config counts the ranks)
@@ -20,6 +21,14 @@ def sessions_needed(config, environments: int = 1, beside: int = 0) -> int:
     eval_batch = config.per_device_eval_batch_size * config.world_size if config.eval_strategy != "no" else 0
     rollouts = getattr(config, "max_inflight_tasks", None) or config.generation_batch_size  # async's, or a step's
     return environments * max(rollouts, eval_batch) + beside
+
+
+def play_sessions(preset) -> int:
+    """The sessions greedy play with ``preset`` (a name or a Preset) holds at once: its eval batch, which notebook 02
+    plays its evals and self-distillation's rollouts in, and its expert's demonstrations as many at once."""
+    from agentenv_nb.train import presets
+
+    return presets.named(preset).per_device_eval_batch_size
 
 
 def capacity_problem(config, max_concurrent_envs: int, environments: int = 1, beside: int = 0) -> str | None:
