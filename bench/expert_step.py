@@ -7,8 +7,8 @@ A step plays ``rollouts`` episodes a generation batch at a time, as TRL does: ev
 then, once the episodes have started (in training they start while the model writes its first turn, seconds of
 generation), get_prices on each, then submit_schedule (the day's optimum) and end_turn on each, then every
 get_reward. The tool rounds run in TRL's order (one call at a time) or at once (a thread a rollout, as
-``agentenv_nb.train.grpo.trainer.GRPOTrainer`` runs them). The environments live from step to step, as TRL keeps them; the
-first step, which opens their sessions, is a warm-up; the median of the others is reported.
+``agentenv_nb.train.grpo.trainer.GRPOTrainer`` runs them). The environments live from step to step, as TRL keeps them;
+the first step, which opens their sessions, is a warm-up; the median of the others is reported.
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ def main() -> None:
           f"median of {args.steps - 1} steps after a warm-up\n")
     print("| tool rounds | env s a step | % of a step | episodes' start, behind generation (s) | reward |\n"
           "|---|---|---|---|---|")
-    for name, key in (("TRL's order", "env_tools"), ("at once (agentenv_nb.train.grpo.trainer)", "env_tools_concurrent")):
+    for name, key in (("TRL's order", "env_tools"),
+                      ("at once (agentenv_nb.train.grpo.trainer)", "env_tools_concurrent")):
         share = f"{100 * results[key + '_s'] / args.step_s:.1f}" if args.step_s else "-"
         print(f"| {name} | {results[key + '_s']:.2f} | {share} | {results[key + '_start_s']:.2f} | "
               f"{results[key + '_reward']:.2f} |")

@@ -18,16 +18,16 @@ notebook 03's steps (``train.grpo.run``: its config, its bundle served in the pr
 ``loading.load_model`` loads it; Unsloth's GRPOTrainer with ``env.factory``, ``env.reward_funcs``, ``env.metrics``,
 the console live plot) with vLLM's weights the preset's choice for the card; ``kit-4bit``, ``kit-fp8``
 and ``kit-16bit``, the same in 4-bit (the recipe's), fp8 and 16-bit (``Preset.vllm_weights``); ``kit-async``, the
-preset's own weights through ``train.grpo.trainer.async_grpo_trainer``, Unsloth's AsyncGRPOTrainer, whose generation overlaps
-the update; ``bare``, Unsloth's GRPOTrainer with the in-process ``ToyGridSim`` and the recipe's 4-bit, the floor the kit
-adds to; ``trl``, stock TRL with bitsandbytes 4-bit (bf16 for "16bit") and a PEFT LoRA on ToyGridSim, what a user would
-pick instead. A step splits into generation (``generate`` calls, and of their time vLLM's engine steps, their count and
-mean, the rest being Unsloth's fold or LoRA load and the requests' bookkeeping; for ``kit-async`` vLLM's engine steps,
-which overlap the update), env (inside reset, tools, get_reward; overlaps counted once) and update (the rest; for
-``kit-async`` the trainer's training steps), with peak GPU memory. A random model calls no tools, so the kit also times
-a step's episodes played with the expert's 3 tool calls each (bench/expert_step.py), in TRL's order and at once
-(``env_tools_s``, ``env_tools_concurrent_s``). An OOM is reported with the step reached; a variant stops after the step
-past ``--budget-s``. ``--set KEY=VALUE`` changes a GRPO setting for every variant (the 32-at-once rows of
+preset's own weights through ``train.grpo.trainer.async_grpo_trainer``, Unsloth's AsyncGRPOTrainer, whose generation
+overlaps the update; ``bare``, Unsloth's GRPOTrainer with the in-process ``ToyGridSim`` and the recipe's 4-bit, the
+floor the kit adds to; ``trl``, stock TRL with bitsandbytes 4-bit (bf16 for "16bit") and a PEFT LoRA on ToyGridSim, what
+a user would pick instead. A step splits into generation (``generate`` calls, and of their time vLLM's engine steps,
+their count and mean, the rest being Unsloth's fold or LoRA load and the requests' bookkeeping; for ``kit-async`` vLLM's
+engine steps, which overlap the update), env (inside reset, tools, get_reward; overlaps counted once) and update (the
+rest; for ``kit-async`` the trainer's training steps), with peak GPU memory. A random model calls no tools, so the kit
+also times a step's episodes played with the expert's 3 tool calls each (bench/expert_step.py), in TRL's order and at
+once (``env_tools_s``, ``env_tools_concurrent_s``). An OOM is reported with the step reached; a variant stops after the
+step past ``--budget-s``. ``--set KEY=VALUE`` changes a GRPO setting for every variant (the 32-at-once rows of
 docs/benchmarks.md: ``steps_per_generation=1``); ``--memory-history N`` dumps the CUDA allocator's history of each
 variant for ``bench/memory_peak.py``.
 Prints markdown; writes ``$OUT/grpo_<preset>[_nocap][TAG].json``, and each variant's log, ``$OUT/grpo_<variant>.log``.
@@ -367,7 +367,8 @@ def table(results: list[dict]) -> str:
 
 def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", help="the model folder (the random Qwen3-4B-shaped one: train.model.tiny.build_random_qwen3_4b)")
+    parser.add_argument("--model", help="the model folder (the random Qwen3-4B-shaped one: "
+                        "train.model.tiny.build_random_qwen3_4b)")
     parser.add_argument("--preset", default="24gb", choices=("24gb", "16bit", "cpu-tiny"),
                         help="the preset every variant trains with; the variant names vLLM's weights")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of " + ", ".join(VARIANTS))

@@ -8,11 +8,11 @@ Usage::
     python3 bench/gpu_scale.py --model MODEL --gpus 1,2 --steps 3   # both in one call, where its time allows
     python3 bench/gpu_scale.py --smoke                               # CPU plumbing: tiny model, cpu-tiny, gloo ranks
 
-``MODEL``: a model folder, the random Qwen3-4B-shaped one (``train.model.tiny.build_random_qwen3_4b``), whose completions
-all run to the preset's 1024 tokens: generation at its heaviest. Each launch trains ``--steps`` steps of the preset
-(each rank: 32 rollouts a step, 1024 completion tokens, eval at the start, a checkpoint a step) on one GridSim bundle
-served by rank 0 for every rank (``--server-processes`` processes), stopped after ``--timeout-s``. From each run's
-``trainer_state.json`` (or its last checkpoint's): the median step time of the steps after the first (TRL's
+``MODEL``: a model folder, the random Qwen3-4B-shaped one (``train.model.tiny.build_random_qwen3_4b``), whose
+completions all run to the preset's 1024 tokens: generation at its heaviest. Each launch trains ``--steps`` steps of the
+preset (each rank: 32 rollouts a step, 1024 completion tokens, eval at the start, a checkpoint a step) on one GridSim
+bundle served by rank 0 for every rank (``--server-processes`` processes), stopped after ``--timeout-s``. From each
+run's ``trainer_state.json`` (or its last checkpoint's): the median step time of the steps after the first (TRL's
 ``step_time``: generation, envs and the update), rollouts a second (every rank's rollouts of a step over it), and
 which steps the train and eval logs were written at (once each: rank 0's); from each rank: whether it generated on
 vLLM, the share of its GPU vLLM was given, its peak memory (PyTorch's reserved, and the whole GPU's as nvidia-smi
@@ -157,7 +157,8 @@ def table(results: list[dict], cap_gb: float | None = None) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="the model folder (the random Qwen3-4B-shaped one: train.model.tiny.build_random_qwen3_4b)")
+    parser.add_argument("--model", help="the model folder (the random Qwen3-4B-shaped one: "
+                        "train.model.tiny.build_random_qwen3_4b)")
     parser.add_argument("--gpus", default="1,2", help="comma-separated GPU counts, launched in turn")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--preset", default="24gb", choices=("24gb", "16bit", "cpu-tiny"))

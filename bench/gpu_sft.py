@@ -64,7 +64,8 @@ def run_sft(args, timer, result: dict) -> None:
             args.model = build_tiny_model(Path(args.work) / "tiny", corpus_texts=loading.corpus(kept))
         model, tokenizer = loading.load_model(args.model, args.preset, "sft", models_dir=Path(args.work) / "models")
         config = presets.sft_config(args.preset, output_dir=str(Path(args.work) / "sft"), model=model,
-                                    **({} if args.steps < 0 else {"max_steps": args.steps}), **measure.settings(args.set))
+                                    **({} if args.steps < 0 else {"max_steps": args.steps}),
+                                    **measure.settings(args.set))
         trainer = SFTTrainer(model=model, processing_class=tokenizer, train_dataset=demos.sft_dataset(kept),
                              args=config, callbacks=[timer])
         lengths = [len(ids) for ids in trainer.train_dataset["input_ids"]]

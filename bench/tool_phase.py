@@ -1,5 +1,6 @@
 """The tool phase of a GRPO turn on CPU: ``rollouts`` rollouts, each making ``calls`` calls to a tool that takes
-``seconds``, through TRL's GRPOTrainer (rollout after rollout) and the kit's (``agentenv_nb.train.grpo.trainer``, at once).
+``seconds``, through TRL's GRPOTrainer (rollout after rollout) and the kit's (``agentenv_nb.train.grpo.trainer``, at
+once).
 
     python bench/tool_phase.py --rollouts 16 --calls 3 --seconds 0.3 --repeats 5   # the table docs/benchmarks.md shows
 
@@ -23,6 +24,8 @@ import agent_env
 
 from agentenv_nb import AgentEnv
 from agentenv_nb.client.environment import player_of
+
+KIT = "agentenv_nb.train.grpo.trainer.GRPOTrainer"
 
 SERVER = '''
 import time
@@ -122,7 +125,7 @@ def main() -> None:
         model = build_tiny_model(Path(folder) / "tiny")
         environments = [env.factory() for _ in range(args.rollouts)]
         times = {}
-        for name, cls in (("TRL's GRPOTrainer", TRLGRPOTrainer), ("agentenv_nb.train.grpo.trainer.GRPOTrainer", GRPOTrainer)):
+        for name, cls in (("TRL's GRPOTrainer", TRLGRPOTrainer), (KIT, GRPOTrainer)):
             trainer = trainer_of(cls, model, Path(folder) / "out", env, args.rollouts)
             times[name] = [tool_phase(trainer, environments, env.dataset[0], args.calls) for _ in range(args.repeats)]
         for environment in environments:
@@ -133,7 +136,7 @@ def main() -> None:
     print("| trainer | tool phase of a turn (s) | min | max |\n|---|---|---|---|")
     for name, seconds in times.items():
         print(f"| {name} | {statistics.median(seconds):.2f} | {min(seconds):.2f} | {max(seconds):.2f} |")
-    ratio = statistics.median(times["TRL's GRPOTrainer"]) / statistics.median(times["agentenv_nb.train.grpo.trainer.GRPOTrainer"])
+    ratio = statistics.median(times["TRL's GRPOTrainer"]) / statistics.median(times[KIT])
     print(f"\nspeed-up: {ratio:.1f}x")
 
 

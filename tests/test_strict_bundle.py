@@ -71,8 +71,8 @@ def fresh_parameters(monkeypatch):
 
 
 def demo(out, *args):
-    return subprocess.run([sys.executable, "-m", "agentenv_nb.notebook.demo", str(out), *args], capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run([sys.executable, "-m", "agentenv_nb.notebook.demo", str(out), *args], capture_output=True,
+                          text=True, timeout=600)
 
 
 def outputs(notebook) -> list[str]:

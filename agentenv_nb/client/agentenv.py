@@ -16,9 +16,9 @@ over them.
 How TRL drives an environment: it makes one per rollout in flight and reuses it, rollout after rollout, so each holds
 one session (``client.session.Session``). ``reset(**row)`` starts the row's task in the background and returns None, so
 the model writes its first reply while the server deploys; a tool call waits for it. TRL runs tool calls one at a
-time (``agentenv_nb.train.grpo.trainer.GRPOTrainer`` runs a round's calls across rollouts at once), catching an exception as
-the tool's result (``{"error": ...}``), then calls ``get_reward()`` on each environment; the first call ends the open
-episodes its thread started at once, with an empty reply, or the model's plain-text one.
+time (``agentenv_nb.train.grpo.trainer.GRPOTrainer`` runs a round's calls across rollouts at once), catching an
+exception as the tool's result (``{"error": ...}``), then calls ``get_reward()`` on each environment; the first call
+ends the open episodes its thread started at once, with an empty reply, or the model's plain-text one.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Serve a resolved bundle from server processes beside this one, for ``AgentEnv.local(..., processes=N)``: each a
-``python -m agentenv_nb.envs.serve`` on a loopback socket this process bound, handed the ``Resolved`` bundle and the token
-instead of resolving again, so sessions deploy, play and score on other cores than the trainer's.
+``python -m agentenv_nb.envs.serve`` on a loopback socket this process bound, handed the ``Resolved`` bundle and the
+token instead of resolving again, so sessions deploy, play and score on other cores than the trainer's.
 
     with serve_in_processes("bundles/gridsim-tiny", processes=4, sandbox="process") as servers:
         env = AgentEnv(servers.urls, token=servers.token)
@@ -50,7 +50,8 @@ class ServerProcesses:
             for i in range(processes):
                 with socket.create_server((host, 0)) as listening:
                     log = self.logs / f"server-{i}.log"
-                    command = [sys.executable, "-m", "agentenv_nb.envs.serve", "--fd", str(listening.fileno()), *options]
+                    command = [sys.executable, "-m", "agentenv_nb.envs.serve", "--fd", str(listening.fileno()),
+                               *options]
                     with log.open("wb") as out:
                         self.processes.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=out,
                                                                 stderr=subprocess.STDOUT, env=env,

@@ -1,7 +1,7 @@
 """``python -m agentenv_nb.envs.serve BUNDLE``: serve a bundle's tasks for trainers on other hosts.
 
     python -m agentenv_nb.envs.serve bundles/gridsim-tiny --sandbox process --max-concurrent-envs 32
-    python -m agentenv_nb.envs.serve bundles/gridsim-tiny --host 0.0.0.0   # prints a token once; AgentEnv(url, token=...)
+    python -m agentenv_nb.envs.serve bundles/gridsim-tiny --host 0.0.0.0   # prints a token: AgentEnv(url, token=...)
 
 It listens on 127.0.0.1 unless told otherwise (--host, AGENTENV_NB_HOST). Beyond loopback it requires an access
 token: AGENTENV_NB_TOKEN's, else one made now and printed once; on loopback only when AGENTENV_NB_TOKEN is set. A

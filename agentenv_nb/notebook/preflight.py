@@ -93,9 +93,9 @@ def check_gpu(preset: Preset | str, model: str | None = None) -> list[dict]:
 
 
 def check_trainer(trainer: str, preset: Preset | str) -> list[dict]:
-    """The trainer notebook 03 picks (``run.TRAINERS``) against the preset and this machine: the async trainer needs
+    """The trainer notebook 03 picks (``presets.TRAINERS``) against the preset and this machine: the async trainer needs
     vLLM and one process (``launch.async_problem``), and has no eval points (said here)."""
-    from agentenv_nb.train.grpo.run import TRAINERS
+    from agentenv_nb.train.presets import TRAINERS
 
     if trainer not in TRAINERS:
         return [_row("trainer", "fail", f"unknown trainer {trainer!r}", f"TRAINER= one of {', '.join(TRAINERS)}")]

@@ -47,8 +47,8 @@ class TaskAdapter:
     def expert(self) -> Expert | None:
         """The expert: a function that plays one task (a row of the bundle's dataset) through ``act(tool,
         arguments)``, which calls a tool of the task's env and returns its result, and returns the reply its turn
-        ends with. ``train.warm_start.demos.expert_demonstrations`` plays it through the env, the task's verifier scores each
-        episode, and only those scoring 1 are learned from."""
+        ends with. ``train.warm_start.demos.expert_demonstrations`` plays it through the env, the task's verifier scores
+        each episode, and only those scoring 1 are learned from."""
         return None
 
 

@@ -1,5 +1,5 @@
-"""Unsloth's AsyncGRPOTrainer on one CUDA GPU (``train.grpo.trainer.async_grpo_trainer``): the random Qwen3-4B-shaped model
-loaded with vLLM in the weights "24gb" chooses for the card (16-bit for this shape), held to an L4's 24 GB, trains
+"""Unsloth's AsyncGRPOTrainer on one CUDA GPU (``train.grpo.trainer.async_grpo_trainer``): the random Qwen3-4B-shaped
+model loaded with vLLM in the weights "24gb" chooses for the card (16-bit for this shape), held to an L4's 24 GB, trains
 two steps on GridSim through ``AgentEnv.local``, its rollout process playing ``env.factory`` pickled, built as
 notebook 03 builds it with TRAINER="async" (``presets.trainer_config``, ``trainer_for``); then the greedy eval after
 training plays on the same vLLM engine. The training command with ``--trainer async`` trains a step and writes that

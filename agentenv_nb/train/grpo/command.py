@@ -30,9 +30,9 @@ from agentenv_nb.train import earlier_steps
 from agentenv_nb.train.export import hub_problem
 from agentenv_nb.train.grpo.launch import ASYNC_EVALS, launch_problem
 from agentenv_nb.train.grpo import run as grpo_run
-from agentenv_nb.train.grpo.run import SANDBOXES, TRAINERS, GRPORun
+from agentenv_nb.train.grpo.run import SANDBOXES, GRPORun
 from agentenv_nb.train.naming import COMMAND
-from agentenv_nb.train.presets import AUTO, PRESETS
+from agentenv_nb.train.presets import AUTO, PRESETS, TRAINERS
 from agentenv_nb.train.tracking import REPORT_TO, report_to_problem
 
 PROG = "python -m agentenv_nb.train"

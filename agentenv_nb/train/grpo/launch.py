@@ -71,9 +71,9 @@ ASYNC_EVALS = ("the async trainer has no eval loop (TRL's AsyncGRPOTrainer): no 
 
 def async_problem(preset: Preset, processes: int, vllm: Callable[[], tuple[bool, str]] | None = None,
                   naming: Naming = NOTEBOOK) -> str | None:
-    """Why the async trainer (``train.grpo.trainer.async_grpo_trainer``) can't train ``preset`` in a launch of ``processes``
-    processes, in one line saying what to pick instead, in ``naming``'s words; None if it can. Whether vLLM runs here
-    is asked last, of ``vllm`` (default ``stack.vllm_available``, which imports it)."""
+    """Why the async trainer (``train.grpo.trainer.async_grpo_trainer``) can't train ``preset`` in a launch of
+    ``processes`` processes, in one line saying what to pick instead, in ``naming``'s words; None if it can. Whether
+    vLLM runs here is asked last, of ``vllm`` (default ``stack.vllm_available``, which imports it)."""
     from agentenv_nb.stack import vllm_available
     from agentenv_nb.train.presets import PRESETS
 

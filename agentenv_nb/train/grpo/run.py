@@ -23,7 +23,6 @@ from agentenv_nb.stops import Stop
 from agentenv_nb.train.naming import NOTEBOOK, Naming
 
 SANDBOXES = ("auto", "process", "modal", "local")
-TRAINERS = ("grpo", "async")  # the trainers train.grpo.trainer.trainer_for makes, by presets.trainer_config
 
 
 def servers_for_host(most: int = 8) -> int:

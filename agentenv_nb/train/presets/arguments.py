@@ -17,6 +17,8 @@ from agentenv_nb.stack import import_unsloth
 from agentenv_nb.train.presets import choices, configs
 from agentenv_nb.train.presets.recipes import Preset, named
 
+TRAINERS = ("grpo", "async")  # the configs trainer_config builds; train.grpo.trainer.trainer_for makes their trainers
+
 _EXPLICIT = {"report_to": "none", "logging_steps": 1}  # defaults Unsloth's config rewrite replaces, set back
 # FastLanguageModel.from_pretrained's precision arguments for vLLM's weights (choices.vllm_weights)
 _LOADED_IN = {"fp8": {"load_in_4bit": False, "load_in_fp8": True}, "16bit": {"load_in_4bit": False},
@@ -186,9 +188,8 @@ def sft_config(preset: Preset | str, **kwargs: Any):
 
 
 def trainer_config(trainer: str, preset: Preset | str, **kwargs: Any):
-    """The checked config of ``trainer`` (one of ``run.TRAINERS``: "grpo", ``grpo_config``; "async",
+    """The checked config of ``trainer`` (one of ``TRAINERS``: "grpo", ``grpo_config``; "async",
     ``async_grpo_config``) for ``preset``; ``train.grpo.trainer.trainer_for`` makes the trainer it configures."""
-    from agentenv_nb.train.grpo.run import TRAINERS
 
     if trainer not in TRAINERS:
         raise ValueError(f"unknown trainer {trainer!r}; choose one of {TRAINERS}")

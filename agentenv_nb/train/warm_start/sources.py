@@ -1,6 +1,6 @@
 """Where notebook 02's warm start learns from, picked for the bundle: its expert where a task adapter has one, else the
-demonstrations a user gives (a JSONL, ``train.warm_start.user_demos``), else the model's own best rollouts (self-distillation);
-and whether it learnt.
+demonstrations a user gives (a JSONL, ``train.warm_start.user_demos``), else the model's own best rollouts
+(self-distillation); and whether it learnt.
 
     start = choose(bundle, env, demos="my-demos.jsonl")   # says which, and why
     train_set = start.sft_dataset(model, tokenizer, env, "cpu-tiny")
