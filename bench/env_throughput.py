@@ -1,8 +1,8 @@
 """Env throughput over the OpenEnv WebSocket: the kit's ``process`` sandbox against plain process-per-episode and the
 framework's floor, at 1, 8 and 32 concurrent sessions, in one run.
 
-    /work/venv/bin/python bench/env_throughput.py                 # prints a markdown table
-    /work/venv/bin/python bench/env_throughput.py --write-docs    # and writes it to docs/benchmarks.md
+    python bench/env_throughput.py                   # prints a markdown table
+    python bench/env_throughput.py --write-results   # and appends its rows to bench/results/env_throughput.csv
 
 Each path is a server of its own (``agentenv_nb.envs.processes.serve_in_processes``: ``build_app(bundle, sandbox="process")``
 under uvicorn, in a subprocess) serving one bundle written from the framework's echo-mcp example:
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
 import json
 import os
 import shutil
@@ -40,8 +41,7 @@ import websockets
 from agentenv_nb.client.session import ws_url
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = ROOT / "docs" / "benchmarks.md"
-HEADING = "## Env throughput"
+RESULTS = ROOT / "bench" / "results" / "env_throughput.csv"  # every run's rows; docs/benchmarks.md quotes the latest
 PATHS = {"kit": ("echo", None), "plain": ("echo", "0"), "floor": ("floor", None)}  # task, AGENTENV_NB_ENV_POOL
 TEXT = "hello from agent-env"  # what the example's verifier sends through the echo tool
 ECHO_TASK = [
@@ -142,25 +142,19 @@ def table(rows: dict) -> str:
     return "\n".join(lines)
 
 
-def write_docs(command: str, block: str) -> None:
-    """Put ``block`` in docs/benchmarks.md, under HEADING, as the subsection of ``command``: it replaces that
-    command's earlier one; the rest of the file, and of the section, stays as it is."""
-    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    title = f"### `{command}`"
-    start = text.find(HEADING)
-    if start < 0:
-        text, start = text.rstrip("\n") + f"\n\n{HEADING}\n", len(text.rstrip("\n")) + 2
-    end = text.find("\n## ", start + len(HEADING))
-    end = len(text) if end < 0 else end + 1
-    section = text[start:end]
-    at = section.find(title)
-    if at < 0:
-        section = section.rstrip("\n") + f"\n\n{title}\n\n{block}\n\n"
-    else:
-        after = section.find("\n### ", at + len(title))
-        section = section[:at] + f"{title}\n\n{block}\n" + ("\n" if after < 0 else section[after:])
-    DOCS.parent.mkdir(parents=True, exist_ok=True)
-    DOCS.write_text((text[:start] + section + text[end:]).rstrip("\n") + "\n")
+def write_results(rows: dict, options: str, load: float) -> None:
+    """Append the run's rows to RESULTS (bench/results/env_throughput.csv), a row a concurrency and path, dated."""
+    fields = ["date", "machine", "options", "load_after", "sessions", "path", "reset_p50_s", "reset_p95_s",
+              "episode_p50_s", "episodes_per_s", "scored_1_pct", "episodes"]
+    new = not RESULTS.exists()
+    with RESULTS.open("a", newline="") as out:
+        writer = csv.writer(out)
+        if new:
+            writer.writerow(fields)
+        for (sessions, path), row in rows.items():
+            writer.writerow([f"{datetime.now(timezone.utc):%Y-%m-%d}", f"{os.cpu_count()} cores", options,
+                             f"{load:.1f}", sessions, path, f"{row['reset_p50']:.3f}", f"{row['reset_p95']:.3f}",
+                             f"{row['episode_p50']:.3f}", f"{row['eps']:.2f}", round(100 * row["scored"]), row["n"]])
 
 
 def main() -> None:
@@ -170,9 +164,9 @@ def main() -> None:
                                                                  "session)")
     parser.add_argument("--server-processes", type=int, default=1,
                         help="serve the kit and plain paths (and a floorxN path) from this many processes each")
-    parser.add_argument("--write-docs", action="store_true", help=f"write the table under {HEADING!r} in {DOCS}")
+    parser.add_argument("--write-results", action="store_true", help=f"append the rows to {RESULTS}")
     args = parser.parse_args()
-    command = " ".join(["/work/venv/bin/python", "bench/env_throughput.py", *sys.argv[1:]])
+    command = " ".join(["python", "bench/env_throughput.py", *sys.argv[1:]])
     work = Path(tempfile.mkdtemp(prefix="env-throughput-"))
     bundle = write_bundle(work / "bundle")
     capacity = max(args.sessions)
@@ -201,8 +195,8 @@ def main() -> None:
              f"the run, kit pool {pool}, kit and plain from {args.server_processes} server process(es), a "
              f"fresh framework store per path. One run; medians and ratios are its own.\n\n{table(rows)}")
     print(f"### `{command}`\n\n{block}")
-    if args.write_docs:
-        write_docs(command.replace(" --write-docs", ""), block)
+    if args.write_results:
+        write_results(rows, " ".join(arg for arg in sys.argv[1:] if arg != "--write-results"), os.getloadavg()[0])
 
 
 def index_of(path: str) -> int:

@@ -259,7 +259,7 @@ def test_preflight_knows_a_local_servers_session_limit_and_warns_before_training
         [row] = preflight("cpu-tiny", env=env.url, trainer_args=config, show=False).query("check == 'sessions'") \
             .to_dict("records")
         assert row["status"] == "warn" and "unknown" in row["detail"]  # a URL alone: OpenEnv doesn't publish it
-    with AgentEnv.local(bundle, max_concurrent_envs=7, processes=2) as env:  # 4 a server, 8 in all
+    with AgentEnv.local(bundle, max_concurrent_envs=8, processes=3) as env:  # 3 a server: the 8 asked, and room
         assert env.max_concurrent_envs == 8
         table = preflight("cpu-tiny", env=env, trainer_args=config, show=False)
         assert table[table.check == "sessions"].status.tolist() == ["ok"]

@@ -63,6 +63,7 @@ def test_a_finished_run_exports_the_trained_model_which_reloads_and_plays_a_day(
         saved = export.export_model(again.model, again.processing_class, tmp_path / "trained")
         said = capsys.readouterr().out
         assert "GGUF skipped: Unsloth's exporter needs a built llama.cpp" in said and saved["gguf"] is None
+        assert "set BUILD_LLAMA_CPP=True" in said  # in the notebook's words; the command's say --build-llama-cpp
         assert f"merged: {saved['merged']}" in said
 
         trained = load_file(f"{out}/checkpoint-1/adapter_model.safetensors")

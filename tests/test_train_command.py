@@ -232,6 +232,7 @@ def test_two_processes_train_once_then_one_resumes(tmp_path):
     assert evals[:2] == [0, 1] and evals[-1] == 2
     assert sorted(path.name for path in grpo.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
     assert "GGUF skipped: Unsloth's exporter needs a built llama.cpp" in one.stdout  # none is built here
+    assert "pass --build-llama-cpp" in one.stdout and "BUILD_LLAMA_CPP" not in one.stdout  # in the command's words
     trained = load_file(grpo / "checkpoint-2" / "adapter_model.safetensors")
     exported = load_file(run_dir / "trained" / "adapter" / "adapter_model.safetensors")
     assert exported.keys() == trained.keys() and all(exported[k].equal(trained[k]) for k in trained)

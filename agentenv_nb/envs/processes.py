@@ -30,18 +30,19 @@ from agentenv_nb.lifecycle import close_at_exit
 
 class ServerProcesses:
     """``processes`` servers of one resolved bundle: ``urls``, one a server, their ``token``, the sessions they hold
-    together (``max_concurrent_envs``), and ``close()`` (also at exit). A server process also stops when this
-    process dies (its stdin closes)."""
+    together (``max_concurrent_envs``, the resolved bundle's: each server holds its share, rounded up), and
+    ``close()`` (also at exit). A server process also stops when this process dies (its stdin closes)."""
 
     def __init__(self, resolved: Resolved, processes: int, host: str, reward: Reward, token: str,
                  start_timeout: float, shutdown_timeout: float, env: dict[str, str] | None = None):
         from agentenv_nb.envs.workdir import owned_prefix, work_dir
 
         self._shutdown_timeout, self.processes, self.urls, self.token = shutdown_timeout, [], [], token
-        self.max_concurrent_envs = resolved.max_concurrent_envs * processes
+        self.max_concurrent_envs = resolved.max_concurrent_envs
         self.logs = Path(tempfile.mkdtemp(prefix=owned_prefix("servers"), dir=work_dir()))  # private, swept if left
         close_at_exit(self.close)
-        options = ["--resolved", resolved.to_json()]
+        share = -(-resolved.max_concurrent_envs // processes)
+        options = ["--resolved", replace(resolved, max_concurrent_envs=share).to_json()]
         if reward is not None:  # pickled into the private folder: a name, a step id or a combinator alike
             (self.logs / "reward.pickle").write_bytes(rewards.pickled(reward))
             options += ["--reward-file", str(self.logs / "reward.pickle")]
@@ -115,11 +116,10 @@ def serve_in_processes(bundle: str | Path | Resolved, processes: int, host: str 
                        token: str | None = None, start_timeout: float = 120.0, shutdown_timeout: float = 30.0,
                        env: dict[str, str] | None = None, bundle_dir: str | Path = "bundles") -> ServerProcesses:
     """Serve ``bundle`` (resolved here first, see ``resolve``) from ``processes`` subprocesses,
-    ``max_concurrent_envs`` sessions among them (each takes its share, rounded up); returns once each answers
+    ``max_concurrent_envs`` sessions among them; returns once each answers
     ``/health``. ``reward`` (``envs.rewards``) must pickle to reach them: a name, a step id, ``Weighted``, a function
     at a module's top level. ``env``: the servers' environment variables, if not this process's."""
     rewards.pickled(reward)  # a reward no server process could read is refused before any starts
     resolved = resolve(bundle, sandbox, max_concurrent_envs, bundle_dir)
-    resolved = replace(resolved, max_concurrent_envs=-(-resolved.max_concurrent_envs // processes))
     return ServerProcesses(resolved, processes, host, reward, settings.get("token", token) or new_token(),
                            start_timeout, shutdown_timeout, env)

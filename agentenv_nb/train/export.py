@@ -26,11 +26,11 @@ from agentenv_nb.train.model import loading
 from agentenv_nb.train.naming import NOTEBOOK, Naming
 
 NO_LLAMA_CPP = ("GGUF skipped: Unsloth's exporter needs a built llama.cpp (llama-quantize and convert_hf_to_gguf.py) "
-                "in {folder} or UNSLOTH_LLAMA_CPP_PATH, and none is there; set BUILD_LLAMA_CPP=True (the command's "
-                "--build-llama-cpp) to let it download and build one (minutes, with a network, as on Colab), or build "
-                "llama.cpp there yourself, https://github.com/ggml-org/llama.cpp, and export again")
+                "in {folder} or UNSLOTH_LLAMA_CPP_PATH, and none is there; {build} to let it download and build one "
+                "(minutes, with a network, as on Colab), or build llama.cpp there yourself, "
+                "https://github.com/ggml-org/llama.cpp, and export again")
 BUILDING = ("GGUF: no built llama.cpp in {folder}, so Unsloth's exporter downloads and builds it now, which takes several "
-            "minutes (BUILD_LLAMA_CPP=False skips the GGUF)")
+            "minutes ({skip} skips the GGUF)")
 
 
 def hub_problem(repo: str, naming: Naming = NOTEBOOK) -> str | None:
@@ -54,37 +54,42 @@ def hub_problem(repo: str, naming: Naming = NOTEBOOK) -> str | None:
     return None
 
 
-def llama_cpp_problem() -> str | None:
-    """None where Unsloth's GGUF exporter finds a built llama.cpp; else why it can't run here, in one line."""
+def llama_cpp_problem(naming: Naming = NOTEBOOK) -> str | None:
+    """None where Unsloth's GGUF exporter finds a built llama.cpp; else why it can't run here, in one line in
+    ``naming``'s words."""
     import_unsloth()  # unsloth_zoo imports only after unsloth
     from unsloth_zoo.llama_cpp import LLAMA_CPP_DEFAULT_DIR, check_llama_cpp
 
     try:
         check_llama_cpp(LLAMA_CPP_DEFAULT_DIR)
     except RuntimeError:
-        return NO_LLAMA_CPP.format(folder=LLAMA_CPP_DEFAULT_DIR)
+        build = f"pass {naming.name('build_llama_cpp')}" if naming.command else "set BUILD_LLAMA_CPP=True"
+        return NO_LLAMA_CPP.format(folder=LLAMA_CPP_DEFAULT_DIR, build=build)
     return None
 
 
 def export_model(model, tokenizer, folder: str | Path, gguf: str = "q8_0", push_to_hub: str = "",
-                 private: bool = True, build_llama_cpp: bool = False) -> dict[str, str | None]:
+                 private: bool = True, build_llama_cpp: bool = False,
+                 naming: Naming = NOTEBOOK) -> dict[str, str | None]:
     """Save ``folder/adapter`` (LoRA; none for a model trained in full) and ``folder/merged`` (16-bit), a GGUF of
     quantization ``gguf`` ("" for none) in ``folder/gguf`` where llama.cpp is built (or, with ``build_llama_cpp``,
     once Unsloth's exporter has built it), and upload the merged model (and GGUF) to the Hub repo ``push_to_hub``
     (private unless told otherwise). Refuses a push it can't make before saving anything (``hub_problem``). Returns
-    where each went (None for what wasn't made) and says so; a GGUF that fails loses nothing else."""
-    if problem := hub_problem(push_to_hub):
+    where each went (None for what wasn't made) and says so, in ``naming``'s words; a GGUF that fails loses nothing
+    else."""
+    if problem := hub_problem(push_to_hub, naming):
         raise ValueError(problem)
     folder = Path(folder)
     merged = loading.save_warm_start(model, tokenizer, folder)
     saved = {"adapter": str(folder / "adapter") if (folder / "adapter").is_dir() else None, "merged": merged,
              "gguf": None, "hub": None}
-    missing = gguf and llama_cpp_problem()
+    missing = gguf and llama_cpp_problem(naming)
     if gguf and (not missing or build_llama_cpp):
         if missing:
             from unsloth_zoo.llama_cpp import LLAMA_CPP_DEFAULT_DIR
 
-            print(BUILDING.format(folder=LLAMA_CPP_DEFAULT_DIR), flush=True)
+            skip = f"{naming.name('gguf')} ''" if naming.command else "BUILD_LLAMA_CPP=False"
+            print(BUILDING.format(folder=LLAMA_CPP_DEFAULT_DIR, skip=skip), flush=True)
         try:
             saved["gguf"] = _gguf(model, tokenizer, folder / "gguf", gguf, offline=not missing)
         except Exception as error:  # a build or conversion that fails: the adapter and merged model are saved

@@ -234,7 +234,7 @@ def _train(run: GRPORun, args, preset, model_name: str, bundle, config, state) -
                   f"reward {scored['reward']:.3f} ± {scored['reward_std']:.3f}, "
                   f"tool-call rate {scored['tool_call_rate']:.3f} (in {run.run_dir}/greedy-evals.csv)")
         if state.is_main_process:
-            grpo_run.export(run, trainer.model, tokenizer)
+            grpo_run.export(run, trainer.model, tokenizer, COMMAND)
     except BaseException:
         env.close()
         raise

@@ -222,10 +222,10 @@ def greedy_eval(run: GRPORun, model, tokenizer, env, config):
     return played, greedy_evals(run.run_dir, {"after GRPO": summary(played)})
 
 
-def export(run: GRPORun, model, tokenizer) -> dict:
+def export(run: GRPORun, model, tokenizer, naming: Naming = NOTEBOOK) -> dict:
     """The trained model saved in RUN_DIR/trained (``export.export_model``: the adapter, the merged model, the GGUF
     where llama.cpp is built or BUILD_LLAMA_CPP), pushed to PUSH_TO_HUB where set; returns where each went."""
     from agentenv_nb.train.export import export_model
 
     return export_model(model, tokenizer, f"{run.run_dir}/trained", gguf=run.gguf, push_to_hub=run.push_to_hub,
-                        build_llama_cpp=run.build_llama_cpp)
+                        build_llama_cpp=run.build_llama_cpp, naming=naming)
