@@ -49,7 +49,7 @@ def test_the_async_trainer_is_refused_where_it_cant_run_in_one_line():
 
 
 def test_each_trainer_gets_its_config_and_the_sessions_it_holds(tmp_path):
-    from agentenv_nb.train.grpo.sessions import sessions_needed
+    from agentenv_nb.train.sessions import sessions_needed
 
     config = presets.trainer_config("async", "24gb", output_dir=str(tmp_path))
     assert type(config).__name__ == "AsyncGRPOConfig" and sessions_needed(config, beside=32) == 32 + 32

@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 
 from agentenv_nb.notebook.transcript import transcript, try_it
 from agentenv_nb.train import export
+from agentenv_nb.train.naming import COMMAND
 
 
 def test_a_push_it_cannot_make_is_refused_in_one_line_before_anything_is_saved(tmp_path, monkeypatch):
@@ -28,7 +29,8 @@ def test_without_a_built_llama_cpp_the_gguf_is_skipped_and_says_why():
     problem = export.llama_cpp_problem()  # imports unsloth first, as unsloth_zoo needs
     from unsloth_zoo.llama_cpp import LLAMA_CPP_DEFAULT_DIR
 
-    assert problem == export.NO_LLAMA_CPP.format(folder=LLAMA_CPP_DEFAULT_DIR)
+    assert problem == export.NO_LLAMA_CPP.format(folder=LLAMA_CPP_DEFAULT_DIR, build="set BUILD_LLAMA_CPP=True")
+    assert "pass --build-llama-cpp" in export.llama_cpp_problem(COMMAND)
 
 
 def length_reward(completions, **kwargs) -> list[float]:

@@ -152,6 +152,6 @@ def test_sft_then_grpo_on_cpu(tmp_path, one_thread):
     assert sum("eval_reward" in log for log in logs) == 2  # at the start and at the end
     changed = [name for name, p in model.named_parameters() if "lora_" in name and not p.equal(lora[name])]
     assert changed, "no LoRA weight changed in two GRPO steps"
-    from agentenv_nb.train.grpo.sessions import sessions_needed
+    from agentenv_nb.train.sessions import sessions_needed
 
     assert Adder.created == sessions_needed(config)  # TRL's pool: one env a rollout in flight

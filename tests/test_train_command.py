@@ -171,7 +171,7 @@ def test_the_run_s_trainer_settings_reach_its_config_and_its_lora(tmp_path):
 
 def test_one_function_sizes_the_sessions_a_run_opens(tmp_path):
     from agentenv_nb.train import presets
-    from agentenv_nb.train.grpo.sessions import capacity_problem, sessions_needed
+    from agentenv_nb.train.sessions import capacity_problem, sessions_needed
 
     config = presets.grpo_config("cpu-tiny", output_dir=str(tmp_path))
     assert sessions_needed(config) == 8  # a step's 2 x 4 rollouts; an eval batch of 4 reuses them

@@ -28,6 +28,12 @@ from agentenv_nb.envs.serving import new_token
 from agentenv_nb.lifecycle import close_at_exit
 
 
+def servers_for_host(most: int = 8) -> int:
+    """Env server processes for this host: one a core this process may run on, at most ``most``. Each prepares the
+    whole bundle as it starts, so more processes than cores start slower and play no faster (docs/benchmarks.md)."""
+    return min(most, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
 class ServerProcesses:
     """``processes`` servers of one resolved bundle: ``urls``, one a server, their ``token``, the sessions they hold
     together (``max_concurrent_envs``, the resolved bundle's: each server holds its share, rounded up), and

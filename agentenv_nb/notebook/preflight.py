@@ -267,7 +267,7 @@ def check_thinking(trainer_args, tokenizer=None) -> list[dict]:
 
 def capacity_warning(trainer_args, max_concurrent_envs: int | None, environments: int = 1) -> str | None:
     """Warn (CapacityWarning) when the server can't hold the trainer's sessions; return the warning or None."""
-    from agentenv_nb.train.grpo.sessions import capacity_problem
+    from agentenv_nb.train.sessions import capacity_problem
 
     problem = None if max_concurrent_envs is None else capacity_problem(trainer_args, max_concurrent_envs, environments)
     if problem:

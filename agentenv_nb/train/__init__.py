@@ -2,5 +2,6 @@
 share of the card), ``warm_start`` (notebook 02's SFT data: an expert's, a user's, the model's own), ``grpo``
 (notebook 03's run, its trainers and the training command), ``export`` (the trained model out). Shared by the stages:
 ``presets`` (every trainer setting as data, what it becomes on this machine, TRL's configs built from it and
-checked), ``rollout`` (playing a model through the envs as TRL does), ``fit`` (a trainer run as a cell should),
-``live`` (the live plot). Import unsloth first: ``agentenv_nb.stack.import_unsloth``."""
+checked), ``rollout`` (playing a model through the envs as TRL does), ``sessions`` (the env sessions a notebook or a
+run holds at once), ``fit`` (a trainer run as a cell should), ``live`` (the live plot). Import unsloth first:
+``agentenv_nb.stack.import_unsloth``."""

@@ -194,7 +194,7 @@ def train(run: GRPORun, args, preset, model_name: str, bundle) -> None:
 def _sessions(run: GRPORun, args, bundle, config, state) -> int | None:
     """The sessions rank 0's servers hold (``run.session_limit``), said in a line; or, playing servers elsewhere,
     None, their limit (``--max-concurrent-envs``) checked against the run's need where it is given."""
-    from agentenv_nb.train.grpo.sessions import capacity_problem, sessions_needed
+    from agentenv_nb.train.sessions import capacity_problem, sessions_needed
 
     if bundle is not None:
         limit = grpo_run.session_limit(run, config, bundle)

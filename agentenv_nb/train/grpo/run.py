@@ -16,19 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import typing
 
+from agentenv_nb.envs.processes import servers_for_host
 from agentenv_nb.stops import Stop
 from agentenv_nb.train.naming import NOTEBOOK, Naming
 
 SANDBOXES = ("auto", "process", "modal", "local")
-
-
-def servers_for_host(most: int = 8) -> int:
-    """Env server processes for this host: one a core this process may run on, at most ``most``. Each prepares the
-    whole bundle as it starts, so more processes than cores start slower and play no faster (docs/benchmarks.md)."""
-    return min(most, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
 def _parameter(default, help: str, notebook_only: bool = False):
@@ -171,7 +165,7 @@ def session_limit(run: GRPORun, config, bundle) -> int:
     """The sessions the env servers hold, every rank's (``sessions.sessions_needed``): what the trainer opens at once,
     a pool a toolset of ``bundle`` (a resolved one), and the greedy eval's beside them."""
     from agentenv_nb.tasks.bundles import toolset_count
-    from agentenv_nb.train.grpo.sessions import sessions_needed
+    from agentenv_nb.train.sessions import sessions_needed
 
     return sessions_needed(config, toolset_count(bundle.folder, run.toolsets), beside=greedy_eval_sessions(run, config))
 

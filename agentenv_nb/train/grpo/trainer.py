@@ -114,7 +114,7 @@ def async_grpo_trainer(model, processing_class, args, env, callbacks=()):
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
     from agentenv_nb.train.rollout import generator
-    from agentenv_nb.train.grpo.sessions import capacity_problem
+    from agentenv_nb.train.sessions import capacity_problem
 
     if generator(model) != "vllm":
         raise ValueError("async_grpo_trainer generates on the model's own vLLM engine, and this model has none: load "
