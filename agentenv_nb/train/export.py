@@ -63,7 +63,8 @@ def llama_cpp_problem(naming: Naming = NOTEBOOK) -> str | None:
     try:
         check_llama_cpp(LLAMA_CPP_DEFAULT_DIR)
     except RuntimeError:
-        build = f"pass {naming.name('build_llama_cpp')}" if naming.command else "set BUILD_LLAMA_CPP=True"
+        build = (f"pass {naming.name('build_llama_cpp')}" if naming.command
+                 else f"set {naming.given('build_llama_cpp', 'True')}")
         return NO_LLAMA_CPP.format(folder=LLAMA_CPP_DEFAULT_DIR, build=build)
     return None
 
@@ -88,7 +89,7 @@ def export_model(model, tokenizer, folder: str | Path, gguf: str = "q8_0", push_
         if missing:
             from unsloth_zoo.llama_cpp import LLAMA_CPP_DEFAULT_DIR
 
-            skip = f"{naming.name('gguf')} ''" if naming.command else "BUILD_LLAMA_CPP=False"
+            skip = naming.given("gguf", "''") if naming.command else naming.given("build_llama_cpp", "False")
             print(BUILDING.format(folder=LLAMA_CPP_DEFAULT_DIR, skip=skip), flush=True)
         try:
             saved["gguf"] = _gguf(model, tokenizer, folder / "gguf", gguf, offline=not missing)

@@ -213,7 +213,6 @@ def _sessions(run: GRPORun, args, bundle, config, state) -> int | None:
 def _train(run: GRPORun, args, preset, model_name: str, bundle, config, state) -> None:
     from agentenv_nb.train.grpo.ranks import close_for_ranks, envs_for_ranks
     from agentenv_nb.train.live import ConsoleLivePlot
-    from agentenv_nb.train.rollout import summary
 
     if run.trainer == "async":
         print(ASYNC_EVALS + ("" if run.eval_days else ", and --eval-days 0 plays none"))
@@ -228,8 +227,8 @@ def _train(run: GRPORun, args, preset, model_name: str, bundle, config, state) -
         # a trial trainer beside the run's isn't tried across ranks yet
         trainer = grpo_run.train(run, preset, model, tokenizer, config, env, live, trial=state.num_processes == 1)
         if state.is_main_process and run.eval_days:  # as notebook 03 scores the trained model
-            played, _ = grpo_run.greedy_eval(run, trainer.model, tokenizer, env, config)
-            scored = summary(played)
+            played, greedy = grpo_run.greedy_eval(run, trainer.model, tokenizer, env, config)
+            scored = greedy["after GRPO"]  # summarised once, by greedy_eval
             print(f"greedy eval on {len(played)} eval tasks: "
                   f"reward {scored['reward']:.3f} ± {scored['reward_std']:.3f}, "
                   f"tool-call rate {scored['tool_call_rate']:.3f} (in {run.run_dir}/greedy-evals.csv)")
