@@ -3,6 +3,7 @@ the card's, said in one line: "fits: peak 19.1 of 24.0 GB; about 5 s a step, 4 m
 setting to lower, and to what, where it doesn't fit.
 
     print(trial.check(model, tokenizer, config, env, PRESET))   # before fit(trainer); a CPU preset: skipped, said
+                                                                # where it doesn't fit: Stop, with that line
 
 The worst case: the split's longest prompt in every row of a step, each rollout made to write ``max_completion_length``
 tokens (``min_new_tokens``, or vLLM's ``min_tokens``); as many tool rounds as the model calls. It costs one step and a
@@ -18,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 from agentenv_nb.library_log import to_log
+from agentenv_nb.stops import Stop
 from agentenv_nb.train import presets
 from agentenv_nb.train.fit import duration
 
@@ -120,7 +122,8 @@ def trial_step(model, tokenizer, config, env) -> Measured:
 
 
 def check(model, tokenizer, config, env, preset, force: bool = False) -> str:
-    """The trial step's line for this run, or, on a CPU preset (unless ``force``), that it is skipped."""
+    """The trial step's line for this run, or, on a CPU preset (unless ``force``), that it is skipped. Where the step
+    doesn't fit, ``Stop`` with that line: the run would run out of memory at its longest step, so none is trained."""
     preset = presets.named(preset)
     if preset.gpu_gb is None and not force:
         return f"trial step skipped: {preset.name} is a CPU preset (it measures a GPU's memory)"
@@ -135,5 +138,8 @@ def check(model, tokenizer, config, env, preset, force: bool = False) -> str:
         card, cap = gpu_memory()
         allowed = (cap or card) / 1e9
     measured = trial_step(model, tokenizer, config, env)
-    return verdict(measured, allowed, config.max_steps, config.per_device_train_batch_size,
+    line = verdict(measured, allowed, config.max_steps, config.per_device_train_batch_size,
                    config.gradient_accumulation_steps, config.max_completion_length)
+    if line.startswith("doesn't fit"):
+        raise Stop(line)
+    return line
