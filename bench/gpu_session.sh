@@ -22,6 +22,8 @@
 # - beside them, tests/gpu/test_async_grpo.py on the random Qwen3-4B shape (GPU_ASYNC_TEST=0: not run), and
 #   tests/gpu/test_vllm_play.py, play on vLLM (from 4-bit weights, then from 16-bit with the LoRA folded in) against
 #   transformers' generate with SmolLM2 (GPU_PLAY_TEST=0: not run);
+# - with GPU_SEEDS="1 2", each preset's notebooks on a bundle of each seed at once (WORK/PRESET, WORK/PRESET-seed2);
+# - with GPU_TRIAL=1, beside them, bench/gpu_trial.py on the Qwen3-4B shape held to 24 GB (WORK/trial.json);
 # - with GPU_EXPERT_REPLAY=1, first, bench/expert_replay.py: notebook 02's replay of 2,000 expert episodes;
 # - once the notebooks are done, on the idle card: bench/gpu_grpo.py on the Qwen3-4B shape held to 24 GB, the variants
 #   GPU_VARIANTS names, in order, as long as the deadline allows (GPU_VARIANTS= : none); runs of their own apart by
@@ -79,14 +81,20 @@ if [[ ${GPU_SESSION:-} == scale ]]; then  # one GPU, then two, in one table; eac
   done
   exit
 fi
-python3 -m agentenv_nb.tasks.gridsim "$WORK/gridsim-gpu" --train "${GPU_TRAIN_DAYS:-2000}" \
-  --eval "${GPU_EVAL_DAYS:-200}" --overwrite
+seeds=(${GPU_SEEDS:-1})  # the bundles' seeds: seed 1's is gridsim-gpu, each other's gridsim-gpu-seedN
+bundle_of() { [[ $1 == "${seeds[0]}" ]] && echo "$WORK/gridsim-gpu" || echo "$WORK/gridsim-gpu-seed$1"; }
+for seed in "${seeds[@]}"; do
+  python3 -m agentenv_nb.tasks.gridsim "$(bundle_of "$seed")" --train "${GPU_TRAIN_DAYS:-2000}" \
+    --eval "${GPU_EVAL_DAYS:-200}" --seed "$seed" --overwrite
+done
 
-notebooks() {  # notebooks PRESET[,NAME=VALUE...]: the four notebooks on PRESET with those environment variables
-  local preset=${1%%,*} run=${1//\//_} vars=()  # (e.g. "16bit,UNSLOTH_VLLM_MERGED_ROLLOUT=0"), in WORK/RUN, RUN.log:
-  [[ $1 == *,* ]] && IFS=, read -ra vars <<< "${1#*,}"  # RUN is the word, each "/" a "_"
+notebooks() {  # notebooks PRESET[,NAME=VALUE...] [SEED]: the four notebooks on PRESET with those environment
+  local preset=${1%%,*} run=${1//\//_} vars=()  # variables (e.g. "16bit,UNSLOTH_VLLM_MERGED_ROLLOUT=0") on SEED's
+  [[ $1 == *,* ]] && IFS=, read -ra vars <<< "${1#*,}"  # bundle, in WORK/RUN, RUN.log: RUN is the word, each "/" a
+  [[ ${2:-${seeds[0]}} != "${seeds[0]}" ]] && run+=-seed$2  # "_", and -seedN past the first seed
   mkdir -p "$WORK/$run"
-  env "${vars[@]}" GPU_NOTEBOOKS_OUT="$WORK/$run" AGENTENV_NB_PRESET="$preset" AGENTENV_NB_BUNDLE="$WORK/gridsim-gpu" \
+  env "${vars[@]}" GPU_NOTEBOOKS_OUT="$WORK/$run" AGENTENV_NB_PRESET="$preset" \
+    AGENTENV_NB_BUNDLE="$(bundle_of "${2:-${seeds[0]}}")" \
     timeout -k 10 "$(left)" python3 -m pytest tests/gpu/test_notebooks.py -o addopts= -q -s -p no:cacheprovider \
     > "$WORK/$run.log" 2>&1
   say "notebooks $1: exit $?"
@@ -137,6 +145,11 @@ play_test() {  # one vLLM engine a process: from 4-bit weights ("24gb"), then fr
     say "play test, $preset: exit $?"
   done
 }
+trial() {  # bench/gpu_trial.py: the trial step's estimate against its run's steps on the Qwen3-4B shape, then a
+  q4b && OUT=$WORK timeout -k 10 "$(left)" python3 bench/gpu_trial.py --model "$WORK/q4b" \
+    --bundle "$WORK/gridsim-gpu" --work "$WORK/trial" > "$WORK/trial.log" 2>&1  # planted run that can't fit
+  say "trial: exit $?"
+}
 if [[ ${GPU_SESSION:-} == probes ]]; then
   mkdir -p "$WORK/24gb"
   AGENTENV_NB_PRESET=24gb AGENTENV_NB_BUNDLE=$WORK/gridsim-gpu timeout -k 10 "$(left)" python3 -c \
@@ -153,9 +166,12 @@ if [[ ${GPU_EXPERT_REPLAY:-0} == 1 ]]; then
 fi
 runs=()
 for preset in ${GPU_PRESETS-24gb 16bit}; do  # GPU_PRESETS= : none
-  notebooks "$preset" & runs+=($!)
-  sleep 20  # each kernel's model loaded apart
+  for seed in "${seeds[@]}"; do
+    notebooks "$preset" "$seed" & runs+=($!)
+    sleep 20  # each kernel's model loaded apart
+  done
 done
+[[ ${GPU_TRIAL:-0} == 1 ]] && { trial & }
 [[ -n ${GPU_PROBES:-} ]] && { probes & }
 [[ -n ${GPU_SFT_PROBES:-} ]] && { sft_probes & }
 [[ ${GPU_ASYNC_TEST:-1} == 1 ]] && { async_test & }
