@@ -53,7 +53,11 @@ class _LibraryPrints(io.TextIOBase):
         return self.console.isatty()
 
     def fileno(self) -> int:
-        return self.console.fileno()
+        # a notebook kernel's stdout has no descriptor, and vLLM's engine start asks for one: the log's then
+        try:
+            return self.console.fileno()
+        except (io.UnsupportedOperation, AttributeError, ValueError):
+            return self.log.fileno()
 
 
 def _stream_handlers() -> list[logging.StreamHandler]:

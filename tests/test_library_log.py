@@ -121,3 +121,17 @@ def test_in_a_notebook_a_librarys_progress_widget_goes_to_the_log_and_the_kits_o
     assert shown == [f"agentenv_nb: the libraries wrote 1 line while loading the model, in {log}\n",
                      "'played 3 of 3 tasks'"], shown
     assert "Loading safetensors checkpoint shards" in log.read_text()
+
+
+def test_a_kernels_stdout_without_a_descriptor_gives_the_logs_to_code_that_asks(tmp_path):
+    # vLLM's engine start asks sys.stdout for its descriptor; a notebook kernel's stdout has none
+    shown = run(tmp_path, """
+        import io, os, sys
+        sys.stdout = io.StringIO()
+        with to_log("loading"):
+            os.write(sys.stdout.fileno(), b"written to a descriptor\\n")
+        sys.__stdout__.write("console: " + sys.stdout.getvalue())
+    """)
+    assert shown.returncode == 0, shown.stderr
+    assert "written to a descriptor" in (tmp_path / "library.log").read_text()
+    assert "descriptor" not in shown.stdout  # the kernel's stdout has the kit's line alone

@@ -6,8 +6,10 @@ setting to lower, and to what, where it doesn't fit.
                                                                 # where it doesn't fit: Stop, with that line
 
 The worst case: the split's longest prompt in every row of a step, each rollout made to write ``max_completion_length``
-tokens (``min_new_tokens``, or vLLM's ``min_tokens``); as many tool rounds as the model calls. It costs one step and a
-copy of the trainable weights, which are put back after it (its optimizer is thrown away): the step trains nothing.
+tokens (``min_new_tokens``, or vLLM's ``min_tokens``); as many tool rounds as the model calls. Two such steps: the
+first pays the one-off costs (compiling kernels, capturing CUDA graphs), so the second's time is a step's. It costs
+those steps and a copy of the trainable weights, which are put back after them (their optimizer is thrown away): the
+trial trains nothing.
 ``verdict`` is the decision alone, from measured numbers.
 """
 
@@ -22,6 +24,8 @@ from agentenv_nb.library_log import to_log
 from agentenv_nb.stops import Stop
 from agentenv_nb.train import presets
 from agentenv_nb.train.fit import duration
+
+TRIAL_STEPS = 2  # the first compiles and captures; the second is timed
 
 
 @dataclass(frozen=True)
@@ -75,8 +79,8 @@ def longest_prompt_rows(env, tokenizer, config, count: int):
 
 
 def trial_step(model, tokenizer, config, env) -> Measured:
-    """Train one step at the worst case on a trainer of its own (the kit's, as ``grpo.trainer_for`` makes it),
-    putting the trainable weights back after it."""
+    """Train ``TRIAL_STEPS`` steps at the worst case on a trainer of its own (the kit's, as ``grpo.trainer_for`` makes
+    it), putting the trainable weights back after them; the last step's time (TRL's ``step_time``) is the step's."""
     import torch
 
     from agentenv_nb.train.grpo.trainer import trainer_for
@@ -85,26 +89,28 @@ def trial_step(model, tokenizer, config, env) -> Measured:
     length = config.max_completion_length
     full = {"min_tokens": length} if config.use_vllm else {"min_new_tokens": length}
     with tempfile.TemporaryDirectory() as scratch:
-        trial = dataclasses.replace(
-            config, output_dir=scratch, max_steps=1, eval_strategy="no", eval_on_start=False, save_strategy="no",
-            report_to="none", logging_steps=1, resume_from_checkpoint=None,
-            generation_batch_size=None,  # TRL derives it again from steps_per_generation, and refuses both set
-            generation_kwargs={**(config.generation_kwargs or {}), **full})
         weights = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
         gpu = torch.cuda.is_available()
         if gpu:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_reserved() / 1e9 if gpu else 0.0
-        trainer = trainer_for(model, tokenizer, trial, env, callbacks=[])
-        trainer.train_dataset = longest_prompt_rows(env, tokenizer, config, rows_a_step)
+        with to_log("the trial step"):  # Unsloth's notes on its config, its trainer's table and prints: the log's
+            trial = dataclasses.replace(
+                config, output_dir=scratch, max_steps=TRIAL_STEPS, eval_strategy="no", eval_on_start=False,
+                save_strategy="no", report_to="none", logging_steps=1, resume_from_checkpoint=None,
+                generation_batch_size=None,  # TRL derives it again from steps_per_generation, and refuses both set
+                generation_kwargs={**(config.generation_kwargs or {}), **full})
+            trainer = trainer_for(model, tokenizer, trial, env, callbacks=[])
+        trainer.train_dataset = longest_prompt_rows(env, tokenizer, config, rows_a_step * TRIAL_STEPS)
         start, out_of_memory = time.perf_counter(), False
         try:
-            with to_log("the trial step"):  # its trainer's progress table and prints: the library log's
+            with to_log("the trial step"):
                 trainer.train()
         except torch.OutOfMemoryError:
             out_of_memory = True
-        seconds = time.perf_counter() - start
+        steps = [log["step_time"] for log in trainer.state.log_history if "step_time" in log]
+        seconds = steps[-1] if steps else (time.perf_counter() - start) / TRIAL_STEPS
         peak = torch.cuda.max_memory_reserved() / 1e9 if gpu else 0.0
         lengths = [log["completions/mean_length"] for log in trainer.state.log_history
                    if "completions/mean_length" in log]
