@@ -39,7 +39,7 @@ class Stack:
     name: str
     cuda: tuple[int, int] | None  # the CUDA its torch (and vLLM) is built for; None: the runtime's torch's
     changes: dict = dataclasses.field(default_factory=dict)  # {name: pin, KEEP, or None to leave it out}
-    minutes: int = 5  # about how long it installs on a notebook host (its size over a cloud VM's network)
+    minutes: int = 5  # about how long it installs on a notebook host, said where its download can't be sized
     ran: str = ""  # where it ran end to end; "" if it is decided but was not run
     torch_index: str | None = None  # the index its torch comes from, where not PyPI
     keeps_torch: str = ""  # the runtime torch's minor version a set adding the vLLM built for it needs, e.g. "2.11"
