@@ -3,6 +3,7 @@
 cut them into parts one run can carry; there, gather the parts and install them into one folder.
 
     python bench/gpu_stack.py pack                    # here: .gpu/stack/parts/01, 02, ... (and the wheels, cached)
+    python bench/gpu_stack.py pack --stack cuda12     # another known set: .gpu/stack-cuda12/parts/...
     python3 bench/gpu_stack.py receive .gpu/stack/parts/01   # there, once a run, each part carried with its run;
                                                              # the last one installs and prints the PYTHONPATH
     python3 bench/gpu_stack.py path                   # there: the PYTHONPATH once installed (exit 1 if not yet)
@@ -97,14 +98,21 @@ def sha256(path: Path) -> str:
 
 
 def for_stack(desc: dict, name: str) -> tuple[dict, list[str], Path]:
-    """The machine's description as ``name``'s set needs it, that set's pins, and where its parts go. A set that
-    keeps the runtime's torch keeps the machine's own (``own_torch``), and carries nothing torch 2.13 needs."""
+    """The machine's description as ``name``'s set needs it, that set's pins, and where its parts go. The machine's
+    own CUDA libraries serve a set of their CUDA major only (``keep_for_cuda``). A set that keeps the runtime's torch
+    keeps the machine's own (``own_torch``), and carries none of the libraries a newer torch needs."""
     stack = STACKS[name]
+    major = (stack.cuda or tuple(map(int, desc["cuda"].split("."))))[0]
+    work = WORK if name == "cuda13" else WORK.with_name(f"stack-{name}")
+    desc = {**desc, "keep": [*desc["keep"], *desc["keep_for_cuda"].get(str(major), [])]}
     if stack.changes.get("torch") != KEEP:
-        return desc, stack.requirements(), WORK
+        carried = [*desc["carry_anyway"], *desc["carry_with_a_new_torch"]]
+        return {**desc, "carry_anyway": carried}, stack.requirements(), work
     torch = desc["own_torch"][0].split("==")[1]
-    desc = {**desc, "keep": [*desc["keep"], *desc["own_torch"]], "carry_anyway": []}
-    return desc, stack.requirements(keep_torch=torch), WORK.with_name(f"stack-{name}")
+    if stack.keeps_torch and not torch.startswith(f"{stack.keeps_torch}."):
+        raise SystemExit(f"gpu_stack: the '{name}' set keeps a runtime's torch {stack.keeps_torch}; the machine's own "
+                         f"is {torch} (own_torch in {MACHINE.name})")
+    return {**desc, "keep": [*desc["keep"], *desc["own_torch"]]}, stack.requirements(keep_torch=torch), work
 
 
 def pack(args) -> None:

@@ -5,10 +5,11 @@ the package set (``stacks``), the preset, the engine that generates rollouts, an
     print(plan.line())      # the same line in the set-up cell, preflight, the notebooks and the command
 
 Rules, in order: no GPU trains the tiny CPU preset; a driver older than CUDA 12.0, or a card older than compute
-capability 7.0, gets no set and one line saying what to do; a card of 8.0 or newer (bf16) generates on Unsloth's vLLM
-from the set its driver runs (CUDA 13.0: the pinned set; 12.x: CUDA-12 builds); an older card (a T4, a V100) trains
-in fp16 on transformers' ``generate``, keeping the runtime's own torch where its driver runs it. A card of less than
-20 GB gets the "16gb" preset, others "24gb".
+capability 7.0, gets no set and one line saying what to do; a card of 8.0 or newer (bf16) generates on Unsloth's vLLM,
+keeping the runtime's torch where a vLLM release is built for it (``stacks.VLLM_FOR_TORCH``: a Colab L4 or A100 today),
+else from the set its driver runs (CUDA 13.0: the pinned set; 12.x: CUDA-12 builds); an older card (a T4, a V100)
+trains in fp16 on transformers' ``generate``, keeping the runtime's own torch where its driver runs it. A card of less
+than 20 GB gets the "16gb" preset, others "24gb".
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import dataclasses
 import functools
 
 from agentenv_nb.host.probe import Host, version_text
-from agentenv_nb.host.stacks import KEEP, STACKS, Stack
+from agentenv_nb.host.stacks import KEEP, STACKS, Stack, for_runtime_torch
 
 VLLM_FROM = (8, 0)  # vLLM's recent builds need Ampere or newer on this stack's path (Unsloth pins an old one on T4s)
 UNSLOTH_FROM = (7, 0)  # Unsloth's kernels: Volta and newer
@@ -133,12 +134,18 @@ def plan_for(host: Host) -> Plan:
                     fix="update the NVIDIA driver to the 525 branch or newer (580+ for the CUDA-13 set); on a "
                         "notebook host, pick another GPU runtime")
     if gpu.capability < UNSLOTH_FROM:
-        return Plan(host, None, why=f"{gpu.name} has compute capability {version_text(gpu.capability)}; Unsloth needs "
-                                    f"{version_text(UNSLOTH_FROM)} or newer",
+        return Plan(host, None, why=f"{gpu.name} has compute capability {version_text(gpu.capability)}: today's torch "
+                                    f"builds have no kernels for it, and Unsloth needs {version_text(UNSLOTH_FROM)} or "
+                                    "newer",
                     fix="pick a T4 or newer GPU (Kaggle: Settings -> Accelerator -> GPU T4 x2)")
     by_driver = STACKS["cuda13"] if host.driver_cuda >= STACKS["cuda13"].cuda else STACKS["cuda12"]
     preset = preset_for(host)
     if gpu.capability >= VLLM_FROM:
+        if (keeping := for_runtime_torch(host.torch, host.torch_cuda)) and _torch_kept(host):
+            vllm = keeping.changes["vllm"].split("==")[1]
+            return Plan(host, keeping, preset, "vllm", "bf16",
+                        f"vLLM {vllm} is built for its torch {host.torch}, which runs on this driver: the runtime's "
+                        "torch stays, and nothing of it (torch, triton, NCCL, cuDNN) is downloaded again")
         why = f"its driver runs CUDA {version_text(host.driver_cuda)}" + (
             "" if by_driver.name == "cuda13" else ", and vLLM's CUDA-13 wheels (0.20.0 on) need CUDA 13")
         return Plan(host, by_driver, preset, "vllm", "bf16", why)

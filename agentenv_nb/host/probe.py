@@ -1,5 +1,5 @@
 """What this machine is, read once without importing torch: the notebook host, the NVIDIA driver and the CUDA it runs,
-each GPU's name, compute capability and memory, the runtime's own torch and the CUDA it was built for.
+each GPU's name, compute capability and memory, the runtime's own torch and the CUDA it was built for, and its Python.
 
     host = read_host()          # nvidia-smi, the environment, installed packages' files
     host = Host.from_dict({...})  # what a host's probes would read, as the tests give Colab's T4 or an H200
@@ -14,6 +14,7 @@ import functools
 import importlib.metadata
 import importlib.util
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -49,6 +50,7 @@ class Host:
     gpus: tuple[Gpu, ...] = ()
     torch: str | None = None  # the runtime's installed torch, e.g. "2.11.0+cu128"; None: none
     torch_cuda: tuple[int, int] | None = None  # the CUDA that torch was built for; None: a CPU build
+    python: str = ""  # the interpreter's version, e.g. "3.13.15" (Colab's): wheels are built for each
 
     @property
     def gpu(self) -> Gpu | None:
@@ -62,10 +64,11 @@ class Host:
                    driver_cuda=_version(seen.get("driver_cuda")) or cuda_of_driver(seen.get("driver")),
                    gpus=tuple(Gpu(name, _version(capability), float(memory)) for name, capability, memory in
                               seen.get("gpus", ())),
-                   torch=seen.get("torch"), torch_cuda=_version(seen.get("torch_cuda")))
+                   torch=seen.get("torch"), torch_cuda=_version(seen.get("torch_cuda")), python=seen.get("python", ""))
 
     def describe(self) -> str:
-        """The host in a few words: "Colab, Tesla T4 (7.5, 15.0 GB), driver 550.54.15 (CUDA 12.4), torch 2.11.0"."""
+        """The host in a few words: "Colab, Tesla T4 (7.5, 15 GB), driver 580.82.07 (CUDA 13.0), torch 2.11.0+cu130,
+        Python 3.13"."""
         where = {"colab": "Colab", "kaggle": "Kaggle", "jupyter": "Jupyter"}.get(self.notebook, "this machine")
         if not self.gpus:
             card = "no GPU"
@@ -75,7 +78,8 @@ class Host:
             card = f"{many}{gpu.name} ({gpu.capability[0]}.{gpu.capability[1]}, {gpu.memory_gb:.0f} GB)"
             card += f", driver {self.driver} (CUDA {version_text(self.driver_cuda)})"
         torch = f"torch {self.torch}" if self.torch else "no torch"
-        return f"{where}, {card}, {torch}"
+        python = f", Python {'.'.join(self.python.split('.')[:2])}" if self.python else ""
+        return f"{where}, {card}, {torch}{python}"
 
 
 def _version(text) -> tuple[int, int] | None:
@@ -150,4 +154,4 @@ def read_host() -> Host:
     """This machine, read once a process."""
     driver, cuda, gpus = read_gpus()
     torch, torch_cuda = torch_build()
-    return Host(notebook_host(), driver, cuda, gpus, torch, torch_cuda)
+    return Host(notebook_host(), driver, cuda, gpus, torch, torch_cuda, platform.python_version())

@@ -8,6 +8,9 @@ set, and each other set is that file with its torch and vLLM lines changed. Ever
 
 CUDA-13 builds need a driver of the 580 branch or newer; CUDA-12 builds run on a 525 or newer, and on CUDA-13
 drivers too. vLLM's wheels on PyPI are CUDA-13 builds from 0.20.0 on, by its release notes.
+
+A runtime whose torch has a vLLM release built for it (``VLLM_FOR_TORCH``) keeps that torch and adds that vLLM
+(``for_runtime_torch``): nothing of torch, triton, NCCL or cuDNN is downloaded again.
 """
 
 from __future__ import annotations
@@ -19,16 +22,27 @@ from agentenv_nb.host.probe import installed
 
 REQUIREMENTS = Path(__file__).resolve().parents[2] / "requirements-gpu.txt"
 KEEP = "keep"  # a set's torch: the runtime's own, left as it is
+# The vLLM release built for a torch, by torch's minor version: each vLLM pins the torch it is built for exactly. Each
+# pair resolves with every other pin of requirements-gpu.txt unchanged (pip's dry run for CPython 3.12 and 3.13,
+# manylinux wheels only): 2.11 -> 0.26.0 gives 322 distributions, with triton 3.6.0, torchvision 0.26.0 and torchaudio
+# 2.11.0 (a runtime's own, beside its torch) and flashinfer-python 0.6.14; vLLM 0.26.0 asks transformers>=5.5.3 (5.17.0
+# is pinned); torchao 0.18.0 pins no torch; xformers 0.0.35 (unsloth's) is removed as in the other sets but cuda12.
+VLLM_FOR_TORCH = {"2.11": "0.26.0"}
+VLLM_CUDA = (13, 0)  # the CUDA of vLLM's wheels on PyPI (0.20.0 on), and so of the torch such a set keeps
+# The newest vLLM that loads 4-bit models through its own bitsandbytes support: with it, vllm-bnb-plugin registers
+# its op a second time and fails (https://github.com/vllm-project/vllm/issues/52802), so such a set leaves it out
+VLLM_BNB_IN_TREE = (0, 27, 1)
 
 
 @dataclasses.dataclass(frozen=True)
 class Stack:
     name: str
-    cuda: tuple[int, int] | None  # the CUDA its torch is built for; None: the runtime's torch's
+    cuda: tuple[int, int] | None  # the CUDA its torch (and vLLM) is built for; None: the runtime's torch's
     changes: dict = dataclasses.field(default_factory=dict)  # {name: pin, KEEP, or None to leave it out}
-    minutes: int = 5  # about how long it installs on a notebook host (its size over a cloud VM's network)
+    minutes: int = 5  # about how long it installs on a notebook host, said where its download can't be sized
     ran: str = ""  # where it ran end to end; "" if it is decided but was not run
     torch_index: str | None = None  # the index its torch comes from, where not PyPI
+    keeps_torch: str = ""  # the runtime torch's minor version a set adding the vLLM built for it needs, e.g. "2.11"
 
     @property
     def vllm(self) -> bool:
@@ -43,7 +57,8 @@ class Stack:
         """What it installs, in a few words: "torch 2.10.0 and vLLM 0.19.1, CUDA 12.8 builds"."""
         pins = dict(pin.split("==") for pin in self.requirements(keep_torch) if pin.startswith(("torch==", "vllm==")))
         if self.changes.get("torch") == KEEP:
-            torch = f"the runtime's torch {keep_torch} kept"
+            torch = f"the runtime's torch {keep_torch} kept" + (f", with vLLM {pins['vllm']} built for it" if self.vllm
+                                                               else "")
         else:
             build = f"CUDA {self.cuda[0]}.{self.cuda[1]}" if self.cuda else "CPU"
             torch = f"torch {pins['torch']}" + (f" and vLLM {pins['vllm']}, {build} builds" if self.vllm else
@@ -87,7 +102,20 @@ STACKS = {stack.name: stack for stack in (
           ran="an H200 on its own torch 2.11.0+cu130, and CI's CPU on torch 2.13.0+cpu"),
     Stack("cpu", None, changes={"vllm": None, "vllm-bnb-plugin": None}, minutes=3,
           torch_index="https://download.pytorch.org/whl/cpu"),
+    # A set for each torch of VLLM_FOR_TORCH: the runtime's torch kept, the vLLM built for it added
+    *(Stack(f"runtime-{minor}-vllm", VLLM_CUDA, minutes=3, keeps_torch=minor,
+            changes={"torch": KEEP, "vllm": f"vllm=={vllm}",
+                     **({"vllm-bnb-plugin": None} if tuple(map(int, vllm.split("."))) <= VLLM_BNB_IN_TREE else {})})
+      for minor, vllm in VLLM_FOR_TORCH.items()),
 )}
+
+
+def for_runtime_torch(torch: str | None, torch_cuda: tuple[int, int] | None) -> Stack | None:
+    """The set that keeps a runtime's torch and adds the vLLM built for it, where that torch has one: its minor version
+    in ``VLLM_FOR_TORCH``, and a build for vLLM's CUDA."""
+    minor = ".".join(torch.split(".")[:2]) if torch else ""
+    fits = minor in VLLM_FOR_TORCH and torch_cuda is not None and torch_cuda[0] == VLLM_CUDA[0]
+    return STACKS[f"runtime-{minor}-vllm"] if fits else None
 
 
 def missing(stack: Stack, keep_torch: str | None = None) -> list[str]:
