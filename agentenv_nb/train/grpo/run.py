@@ -18,8 +18,9 @@ import dataclasses
 import math
 import typing
 
-from agentenv_nb.envs.processes import servers_for_host
+from agentenv_nb.envs.serve.processes import MOST_SERVERS, servers_for_host
 from agentenv_nb.stops import Stop
+from agentenv_nb.tasks.bundles import BUNDLES_DIR
 from agentenv_nb.train.naming import NOTEBOOK, Naming
 
 SANDBOXES = ("auto", "process", "modal", "local")
@@ -34,7 +35,7 @@ class GRPORun:
     """A GRPO run's parameters: what to train on, with which preset, where, and how the envs are served."""
 
     bundle: str = _parameter("gridsim-v1", "a name from bundles.txt, or a bundle folder")
-    bundles_dir: str = _parameter("bundles", "where bundles are downloaded or generated")
+    bundles_dir: str = _parameter(BUNDLES_DIR, "where bundles are downloaded or generated")
     run_dir: str = _parameter("runs/gridsim", "where models, checkpoints, logs and plots go; GRPO's in RUN_DIR/grpo")
     warm_start: str = _parameter("", "the SFT model, a folder or a Hub id; empty: RUN_DIR/sft/merged, which notebook "
                                      "02 writes")
@@ -60,7 +61,8 @@ class GRPORun:
                                                    "'cpu-tiny' 4)")
     save_steps: int = _parameter(5, "a checkpoint every few steps, to resume from (0: none)")
     server_processes: int = _parameter(servers_for_host(), "env servers beside the trainer, off its GIL (default: one "
-                                                           "a core, up to 8); 0: a thread of this process")
+                                                           f"a core, up to {MOST_SERVERS}); 0: a thread of this "
+                                                           "process")
     reward: str = _parameter("", "for tasks that record several scores: 'mean', 'min', 'max' of them, or a score's "
                                  "step id; empty: the task's one score")
     toolsets: str = _parameter("first", "'each' for a bundle whose tasks differ in tools (a class a toolset, each row "
@@ -152,7 +154,7 @@ def resolve_bundle(run: GRPORun):
     """The run's bundle resolved once (``envs.resolve``): fetched, its sandbox chosen, its envs checked."""
     from agentenv_nb.envs.resolve import resolve
 
-    return resolve(run.bundle, None if run.sandbox == "auto" else run.sandbox, bundle_dir=run.bundles_dir)
+    return resolve(run.bundle, run.sandbox, bundle_dir=run.bundles_dir)
 
 
 def greedy_eval_sessions(run: GRPORun, config) -> int:
