@@ -314,6 +314,7 @@ def test_unreachable_server_says_how_to_start_one():
     [row] = pf.check_server(f"http://127.0.0.1:{port}", "train", timeout=2)
     assert row["status"] == "fail" and "no env server answers" in row["detail"]
     assert "python -m agentenv_nb.envs.serve" in row["fix"] and "--max-concurrent-envs 64" in row["fix"]
+    assert f"--port {port} " in row["fix"]  # the port the URL names, not the default typed again
 
 
 def test_thinking_on_with_a_small_budget_warns(grpo_config):
