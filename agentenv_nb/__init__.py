@@ -1,8 +1,9 @@
 """agentenv_nb: train LLM agents on agent-task bundles with Unsloth's GRPO, from a notebook.
 
 The subpackages follow the flow: ``tasks`` (bundles, GridSim) -> ``envs`` (where envs run, serving) ->
-``client`` (``AgentEnv``: TRL's dataset and environment_factory) -> ``train`` (presets, models, rollouts) ->
-``notebook`` (parameters, live plot, eval curve, preflight).
+``client`` (``AgentEnv``: TRL's dataset and environment_factory) -> ``train`` (presets, models, SFT and GRPO, the
+live plot) -> ``notebook`` (parameters, preflight, eval curve, the demo); ``host`` reads the machine and installs
+what fits it, before the rest. README.md's "The package" names every module.
 
     from agentenv_nb import AgentEnv
     from agentenv_nb.tasks import bundles

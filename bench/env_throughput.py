@@ -4,8 +4,9 @@ framework's floor, at 1, 8 and 32 concurrent sessions, in one run.
     python bench/env_throughput.py                   # prints a markdown table
     python bench/env_throughput.py --write-results   # and appends its rows to bench/results/env_throughput.csv
 
-Each path is a server of its own (``agentenv_nb.envs.processes.serve_in_processes``: ``build_app(bundle, sandbox="process")``
-under uvicorn, in a subprocess) serving one bundle written from the framework's echo-mcp example:
+Each path is a server of its own (``agentenv_nb.envs.serve.processes.serve_in_processes``:
+``build_app(bundle, sandbox="process")`` under uvicorn, in a subprocess) serving one bundle written from the framework's
+echo-mcp example:
 
 - ``kit``: the echo task (deploy_env, deploy_agent, prompt_agent, env_outcome_verifier) with the warm pool on;
 - ``plain``: the same task with ``AGENTENV_NB_ENV_POOL=0``, a fresh interpreter started per episode;
@@ -75,9 +76,9 @@ def write_bundle(root: Path) -> Path:
 
 
 def serve_path(name: str, bundle: Path, work: Path, capacity: int, pool: str | None, processes: int = 1):
-    """A path's servers (``agentenv_nb.envs.processes.serve_in_processes``), sharing a working folder and a framework store
-    (XDG_STATE_HOME) of the path's own."""
-    from agentenv_nb.envs.processes import serve_in_processes
+    """A path's servers (``agentenv_nb.envs.serve.processes.serve_in_processes``), sharing a working folder and a
+    framework store (XDG_STATE_HOME) of the path's own."""
+    from agentenv_nb.envs.serve.processes import serve_in_processes
 
     # A store of its own, as a fresh machine has: the shared one's history slows every episode (see the docs).
     env = {**os.environ, "AGENTENV_NB_WORK_DIR": str(work / f"{name}-envs"), "XDG_STATE_HOME": str(work / name)}

@@ -154,7 +154,7 @@ def test_the_default_server_processes_fit_the_cores_this_process_may_use():
 
 
 def test_server_processes_say_why_they_cannot_start(tmp_path):
-    from agentenv_nb.envs.processes import serve_in_processes
+    from agentenv_nb.envs.serve.processes import serve_in_processes
     from agentenv_nb.envs.workdir import work_dir
     from agentenv_nb.tasks import gridsim
 

@@ -25,8 +25,8 @@ from agentenv_nb.client import AgentEnv
 from agentenv_nb.envs.choice import SandboxError
 from agentenv_nb.envs.process.dockerfile import ImageError
 from agentenv_nb.envs.workdir import work_dir
-from agentenv_nb.envs.processes import serve_in_processes
-from agentenv_nb.envs.serving import serve_in_thread
+from agentenv_nb.envs.serve.processes import serve_in_processes
+from agentenv_nb.envs.serve.thread import serve_in_thread
 from agentenv_nb.tasks import gridsim
 
 MAIL_MCP = Path(__import__("agent_env").__file__).parent / "examples" / "mail-mcp"

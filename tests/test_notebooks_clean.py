@@ -1,7 +1,10 @@
 """The notebooks are committed as tutorials: no outputs, the set-up cell first (nothing of the kit is there before it
-on a fresh Colab or Kaggle runtime), then a tagged parameters cell, short cells."""
+on a fresh Colab or Kaggle runtime), then a tagged parameters cell, short cells; the settings they share are the
+run's, with its defaults."""
 
+import ast
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -31,3 +34,28 @@ def test_the_set_up_cell_is_one_text_and_the_readme_shows_it():
               for path in NOTEBOOKS}
     assert len(set_up) == 1, "the notebooks' set-up cells differ"
     assert f"```python\n{set_up.pop()}\n```" in readme, "README's set-up cell differs from the notebooks'"
+
+
+def parameter_lines(path: Path) -> dict[str, tuple[str, str]]:
+    """The parameters cell's assignments: each name's value and its comment, as written."""
+    cell = "".join([c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"][1]["source"])
+    return {name: (value.strip(), comment) for name, value, comment in
+            re.findall(r"^([A-Z_]+) = (.+?)  # (.+)$", cell, re.M)}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_the_settings_the_notebooks_share_are_the_run_s_with_its_words(path):
+    """What to train on, where, and the env servers: each notebook that takes one has the run's default (``GRPORun``,
+    the one home) and says what it is in the run's words; the most server processes as ``servers_for_host`` has it."""
+    from agentenv_nb.envs.serve.processes import MOST_SERVERS
+    from agentenv_nb.train.grpo.run import GRPORun
+
+    lines, run = parameter_lines(path), GRPORun()
+    assert {"BUNDLE", "BUNDLES_DIR", "RUN_DIR"} <= set(lines)
+    for name in ("BUNDLE", "BUNDLES_DIR", "RUN_DIR", "SANDBOX"):
+        if name in lines:
+            value, comment = lines[name]
+            assert ast.literal_eval(value) == getattr(run, name.lower()), name
+            assert name == "SANDBOX" or GRPORun.help(name).startswith(comment), name
+    if "SERVER_PROCESSES" in lines:
+        assert f"up to {MOST_SERVERS};" in lines["SERVER_PROCESSES"][1]

@@ -26,7 +26,7 @@ def test_importing_the_package_and_agentenv_imports_neither_torch_nor_unsloth():
         import sys
         import agentenv_nb
         from agentenv_nb import AgentEnv
-        import agentenv_nb.envs.serve, agentenv_nb.envs.process.sandbox, agentenv_nb.tasks.bundles
+        import agentenv_nb.envs.serve.command, agentenv_nb.envs.process.sandbox, agentenv_nb.tasks.bundles
         print(sorted(m for m in ("torch", "unsloth", "transformers", "trl") if m in sys.modules))
     """)
     assert done.returncode == 0, done.stderr

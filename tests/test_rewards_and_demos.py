@@ -27,7 +27,7 @@ def test_a_reward_by_name_or_weights_combines_the_scores_and_pickles():
 
 
 def test_a_lambda_is_refused_for_server_processes_before_any_starts(tmp_path):
-    from agentenv_nb.envs.processes import serve_in_processes
+    from agentenv_nb.envs.serve.processes import serve_in_processes
 
     with pytest.raises(ValueError, match="can't reach a server process.*Weighted"):
         serve_in_processes(tmp_path / "no-bundle", processes=2, reward=lambda scores: 1.0)

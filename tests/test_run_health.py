@@ -12,7 +12,7 @@ from agentenv_nb.stack import import_unsloth
 
 import_unsloth()  # before anything imports trl, as TRL 1.15 on CPU needs
 from agentenv_nb.client.environment import read_plain_text_replies  # noqa: E402
-from agentenv_nb.train.grpo.health import RULES, HealthCheck  # noqa: E402
+from agentenv_nb.train.health import RULES, HealthCheck  # noqa: E402
 from tests.conftest import grpo  # noqa: E402
 from transformers import TrainerControl, TrainerState, TrainingArguments  # noqa: E402
 from transformers.trainer_callback import CallbackHandler  # noqa: E402

@@ -36,7 +36,7 @@ from agentenv_nb.client.environment import player_of
 from agentenv_nb.client.session import Session, SessionError
 from agentenv_nb.envs.choice import SandboxError
 from agentenv_nb.envs.process.dockerfile import ImageError
-from agentenv_nb.envs.serving import serve_in_thread
+from agentenv_nb.envs.serve.thread import serve_in_thread
 from agentenv_nb.envs.workdir import WorkDirError
 from agentenv_nb.tasks import gridsim
 

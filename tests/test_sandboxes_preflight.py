@@ -201,6 +201,7 @@ def test_modal_without_docker_when_credentials_exist(clean_env, monkeypatch):
 def test_processes_without_docker_or_credentials_for_plain_python_envs(clean_env, tmp_path):
     choice = choose_sandbox(_plain_python_bundle(tmp_path / "bundle"), echo=False)
     assert choice.name == "process" and "plain-Python" in choice.reason
+    assert choose_sandbox(tmp_path / "bundle", force="auto", echo=False) == choice  # the notebooks' SANDBOX="auto"
 
 
 def test_nowhere_to_run_says_to_add_modal_credentials(clean_env):
@@ -228,6 +229,7 @@ def test_forcing(clean_env, tmp_path, monkeypatch):
     monkeypatch.setenv("AGENTENV_NB_SANDBOX", "process")
     forced = sandboxes.Choice("process", "forced; every env is a plain-Python server")
     assert choose_sandbox(bundle, echo=False) == forced
+    assert choose_sandbox(bundle, force="auto", echo=False) == forced  # "auto" forces nothing: the variable does
 
 
 # The preflight on broken setups
@@ -312,6 +314,7 @@ def test_unreachable_server_says_how_to_start_one():
     [row] = pf.check_server(f"http://127.0.0.1:{port}", "train", timeout=2)
     assert row["status"] == "fail" and "no env server answers" in row["detail"]
     assert "python -m agentenv_nb.envs.serve" in row["fix"] and "--max-concurrent-envs 64" in row["fix"]
+    assert f"--port {port} " in row["fix"]  # the port the URL names, not the default typed again
 
 
 def test_thinking_on_with_a_small_budget_warns(grpo_config):

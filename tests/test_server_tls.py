@@ -43,7 +43,7 @@ def https_url(tmp_path_factory):
 
 
 def test_serving_makes_default_clients_share_one_context(tmp_path):
-    from agentenv_nb.envs.serving import serve_in_thread
+    from agentenv_nb.envs.serve.thread import serve_in_thread
     from agentenv_nb.tasks.gridsim import write_bundle
 
     with serve_in_thread(write_bundle(tmp_path / "gridsim", train=1, eval=1), sandbox="process"):

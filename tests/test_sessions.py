@@ -17,7 +17,7 @@ from agentenv_nb import AgentEnv
 from agentenv_nb.client.environment import player_of
 from agentenv_nb.client.runtime import Runtime
 from agentenv_nb.client.session import CapacityError, Session, SessionError, Timeout
-from agentenv_nb.envs.serving import serve_in_thread
+from agentenv_nb.envs.serve.thread import serve_in_thread
 
 TOKEN = "the-sessions-tests-token"  # a restarted server takes the same one, as the serve command does from its setting
 

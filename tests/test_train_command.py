@@ -122,6 +122,13 @@ def test_notebook_03_s_parameters_cell_lists_the_command_s_parameters_with_their
     assert assigned == [name for name in GRPORun().parameters()]  # every one, in GRPORun's order, and no other
     lines = source.splitlines()
     assert all("  # " in lines[node.lineno - 1] for node in assignments), "a comment on each parameter's line"
+    heading = "# Parameters that control "  # each group's, in the cell as in the command's --help
+    assert [line.removeprefix(heading) for line in lines if line.startswith(heading)] == list(GRPORun.groups())
+    for words, names in GRPORun.groups().items():
+        assert lines[lines.index(heading + words) + 1].startswith(f"{names[0].upper()} = "), words
+    shown = command.parser().format_help()
+    assert [shown.index(f"Parameters that control {words}:") for words in GRPORun.groups()] == sorted(
+        shown.index(f"Parameters that control {words}:") for words in GRPORun.groups())
     cell = {}
     exec(source, cell)
     assert {name: cell[name] for name in assigned} == GRPORun().parameters()

@@ -1,8 +1,10 @@
 """The tables and lines a notebook shows, as a person reads them: whole text (pandas' own display cuts a cell past 50
-characters with "…"), one header row, and no line that says what isn't so."""
+characters with "…"), one header row, and no line that says what isn't so; and the map of the package README.md and
+the package's docstring draw, true to its files."""
 
 import html
 import re
+from pathlib import Path
 
 import pandas as pd
 
@@ -12,6 +14,9 @@ from agentenv_nb.train import presets
 from agentenv_nb.train.rollout import Rollout
 
 from .conftest import one_turn_task, write_bundle
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "agentenv_nb"
 
 
 def header_rows(page: str) -> list[list[str]]:
@@ -49,3 +54,43 @@ def test_without_a_task_adapter_notebook_01_says_so_in_a_line_not_a_quoted_strin
     assert views.adapter_view(None, bundle) is None
     assert capsys.readouterr().out.startswith("No task adapter knows this bundle: the baseline is the eval reward")
     assert isinstance(views.splits(bundle), pd.DataFrame)
+
+
+def is_module(path: Path) -> bool:
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def package_table() -> dict[str, list[str]]:
+    """README.md's table of the package: each row's folder, and the modules it names (a code span of lowercase
+    names and slashes, as `serve/thread`; spans with capitals, dots or spaces are other things)."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## The package"):text.index("### Settings")]
+    rows = {}
+    for folder, owns in re.findall(r"^\| (`[a-z_]+/`|top level) \| (.+) \|$", section, re.M):
+        rows[folder.strip("`")] = re.findall(r"`([a-z_]+(?:/[a-z_]+)*)`", owns)
+    return rows
+
+
+def test_every_module_the_readme_s_package_table_names_is_where_it_says():
+    rows = package_table()
+    assert set(rows) == {"tasks/", "envs/", "client/", "train/", "notebook/", "host/", "top level"}
+    missing = [f"{folder} {name}" for folder, names in rows.items() for name in names
+               if not is_module(PACKAGE / folder.replace("top level", "") / name)]
+    assert not missing, f"README.md's package table names modules that aren't there: {missing}"
+
+
+def test_the_readme_s_package_table_names_every_module_or_its_package():
+    named = {Path(folder.replace("top level", "")) / name for folder, names in package_table().items()
+             for name in names}
+    modules = [path.relative_to(PACKAGE).with_suffix("") for path in sorted(PACKAGE.rglob("*.py"))
+               if path.stem not in ("__init__", "__main__")]
+    unnamed = [str(module) for module in modules if not named & {module, *module.parents[:-1]}]
+    assert not unnamed, f"README.md's package table says nothing of: {unnamed}"
+
+
+def test_the_package_docstring_names_subpackages_that_are_there():
+    import agentenv_nb
+
+    names = re.findall(r"``([a-z_]+)``", agentenv_nb.__doc__)
+    assert {"tasks", "envs", "client", "train", "notebook", "host"} <= set(names)
+    assert [name for name in names if not is_module(PACKAGE / name)] == []

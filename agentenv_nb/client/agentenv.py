@@ -35,7 +35,7 @@ from agentenv_nb.client.environment import Environment, environment_class, read_
 from agentenv_nb.client.player import Rules
 from agentenv_nb.client.runtime import Runtime, gather
 from agentenv_nb.client.session import Session
-from agentenv_nb.envs.serving import Reward
+from agentenv_nb.envs.rewards import Reward
 from agentenv_nb.lifecycle import close_at_exit
 
 
@@ -43,14 +43,14 @@ class AgentEnv:
     """The tasks of the split ``split`` a server at ``url`` serves, and the environments that play them. ``url``
     may be a list of servers of the same bundle: each new environment's session goes to the next with room.
 
-    ``reward`` makes the reward of a task's scores here, a step id or a function of the scores by step id; without
-    it the server's reward stands. ``reset_timeout`` (300 s), ``call_timeout`` (120 s) and ``patience`` (4 s) bound
-    every wait (AGENTENV_NB_RESET_TIMEOUT, ..._CALL_TIMEOUT, ..._PATIENCE set their defaults). ``toolsets="each"``
-    plays every task once to learn its tools, for a bundle whose tasks differ in them; by default the first task's
-    are every task's. ``plain_text_replies`` passes the model's last plain-text reply to a turn it never ended, with
-    ``reward_funcs=env.reward_funcs`` given to the trainer. ``max_concurrent_envs``: the sessions the servers hold
-    together, known for ``local`` and otherwise what they were started with, if given (the preflight checks it
-    against the trainer's; OpenEnv doesn't publish it). ``token``: the servers' access token (default
+    ``reward`` makes the reward of a task's scores here, a step id or a function of the scores by step id; without it
+    the server's reward stands. ``reset_timeout``, ``call_timeout`` and ``patience`` bound every wait, in seconds
+    (unset: AGENTENV_NB_RESET_TIMEOUT, ..._CALL_TIMEOUT, ..._PATIENCE, else their defaults, ``agentenv_nb.settings``).
+    ``toolsets="each"`` plays every task once to learn its tools, for a bundle whose tasks differ in them; by default
+    the first task's are every task's. ``plain_text_replies`` passes the model's last plain-text reply to a turn it
+    never ended, with ``reward_funcs=env.reward_funcs`` given to the trainer. ``max_concurrent_envs``: the sessions the
+    servers hold together, known for ``local`` and otherwise what they were started with, if given (the preflight checks
+    it against the trainer's; OpenEnv doesn't publish it). ``token``: the servers' access token (default
     AGENTENV_NB_TOKEN), sent with every request; ``local`` passes its own."""
 
     def __init__(self, url: str | list[str], split: str = "train", reward: Reward = None,
@@ -78,15 +78,17 @@ class AgentEnv:
               reward: Reward = None, processes: int = 0, **options) -> AgentEnv:
         """Serve ``bundle`` (a folder, or a name as ``tasks.bundles.get_bundle`` takes) here and play it: on a thread
         of this process (``processes=0``), or from ``processes`` server processes beside it
-        (``envs.processes.serve_in_processes``), which keep the server's work off the trainer's GIL, for a GPU run.
+        (``envs.serve.processes.serve_in_processes``), which keep the server's work off the trainer's GIL, for a GPU
+        run.
         Without ``sandbox`` the envs run where ``envs.choice.choose_sandbox`` says; every env is checked before the
         server starts. Closing the AgentEnv, leaving its ``with`` block, or the process's exit stops the servers, and
         the env processes they started. ``reward`` goes to the server, which checks at start that it scores every
         task. ``bundle`` may be resolved already (``envs.resolve``); ``max_concurrent_envs`` unset is
-        AGENTENV_NB_MAX_CONCURRENT_ENVS, else 8. The servers require a token made here, which this AgentEnv sends."""
-        from agentenv_nb.envs.processes import serve_in_processes
+        AGENTENV_NB_MAX_CONCURRENT_ENVS, else its default (``agentenv_nb.settings``). The servers require a token made
+        here, which this AgentEnv sends."""
         from agentenv_nb.envs.resolve import resolve
-        from agentenv_nb.envs.serving import serve_in_thread
+        from agentenv_nb.envs.serve.processes import serve_in_processes
+        from agentenv_nb.envs.serve.thread import serve_in_thread
 
         resolved = resolve(bundle, sandbox, max_concurrent_envs)  # every setting is read first
         serving = {"reward": reward, "token": options.pop("token", None)}

@@ -34,7 +34,7 @@ class ScoreLog(TrainerCallback):
     Each log's training rollouts, their transcripts (the prompt, each tool call and its result, the reply) and
     scores, go to ``<output_dir>/rollouts/step-<N>.jsonl`` (``notebook.transcript.best_and_worst`` reads them).
     ``tool_failures`` counts each (tool, error) of a tool call that failed on the server, which the run's health line
-    (``train.grpo.health``) names.
+    (``train.health``) names.
 
     It writes into the log the callbacks after it see, and ``trainer.state.log_history``. transformers puts the
     ``report_to`` integrations before any callback passed in; ``agentenv_nb.train.fit`` moves this one first, so

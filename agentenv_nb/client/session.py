@@ -21,6 +21,8 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
+from agentenv_nb import settings
+
 CAPACITY_REACHED = "CAPACITY_REACHED"
 
 
@@ -49,13 +51,16 @@ class Session:
 
     ``patience`` bounds opening a connection, and how long a dropped session waits for a slot another took;
     ``reset_timeout`` how long a reset may take, and how long a dropped session waits for a server refusing
-    connections (``max(patience, reset_timeout)``); ``call_timeout`` every other request.
+    connections (``max(patience, reset_timeout)``); ``call_timeout`` every other request. Each unset is its
+    setting's (``AGENTENV_NB_RESET_TIMEOUT``, ...; ``agentenv_nb.settings``).
     """
 
-    def __init__(self, url: str, *, reset_timeout: float = 300.0, call_timeout: float = 120.0, patience: float = 4.0,
-                 token: str | None = None):
+    def __init__(self, url: str, *, reset_timeout: float | None = None, call_timeout: float | None = None,
+                 patience: float | None = None, token: str | None = None):
         self.url, self._headers = ws_url(url), {"Authorization": f"Bearer {token}"} if token else None
-        self.reset_timeout, self.call_timeout, self.patience = reset_timeout, call_timeout, patience
+        self.reset_timeout, self.call_timeout, self.patience = (
+            settings.get("reset_timeout", reset_timeout), settings.get("call_timeout", call_timeout),
+            settings.get("patience", patience))
         self._ws: ClientConnection | None = None
         self.opened = False  # whether the session was ever open: only a first session raises at capacity
         self._turn = asyncio.Lock()

@@ -1,8 +1,9 @@
 """Envs: where a bundle's envs run and how its tasks are served. ``choice`` picks the sandbox (Docker, Modal with
 ``modal_credentials``, or the kit's ``process`` sandbox: plain-Python envs as local processes, in the private
 ``workdir``). ``resolve`` resolves a bundle once for serving; ``app`` builds its OpenEnv server behind the ``guard``
-(token, origin, routes, idle sessions), keeping episodes in its ``store``; ``serving`` runs it on a thread,
-``processes`` from server processes, and ``serve`` is the command (``python -m agentenv_nb.envs.serve``)."""
+(token, origin, routes, idle sessions), keeping episodes in its ``store``; ``serve`` runs it: on a
+thread (``serve.thread``), from server processes (``serve.processes``), or as the command (``serve.command``,
+``python -m agentenv_nb.envs.serve``)."""
 
 import sys
 

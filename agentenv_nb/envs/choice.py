@@ -26,6 +26,7 @@ from agentenv_nb.envs.modal_credentials import ModalCredentialsError, load_modal
 from agentenv_nb.stops import Stop
 
 DOCKER, MODAL, PROCESS = "local", "modal", process_sandbox.NAME  # agent_env's names: "local" is its Docker sandbox
+AUTO = "auto"  # the notebooks' and the command's word for no sandbox forced: the one chosen for the bundle
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 
 
@@ -85,9 +86,10 @@ def choose_sandbox(bundle: str | Path, force: str | None = None, docker_host: st
                    echo: bool = True) -> Choice:
     """The sandbox for ``bundle``'s envs: Docker where an engine answers, else Modal when credentials are found,
     else local processes when every env is a plain-Python server; raise SandboxError saying how to add Modal
-    credentials when none fits. ``force`` (or AGENTENV_NB_SANDBOX) picks one, checked where it can be.
-    Prints the choice and its reason unless ``echo`` is False; Modal credentials found go into the environment."""
-    force = force or settings.get("sandbox")
+    credentials when none fits. ``force`` (or AGENTENV_NB_SANDBOX) picks one, checked where it can be; ``"auto"``
+    is none. Prints the choice and its reason unless ``echo`` is False; Modal credentials found go into the
+    environment."""
+    force = next((name for name in (force, settings.get("sandbox")) if name not in (None, "", AUTO)), None)
     choice = _forced(bundle, force, docker_host) if force else _automatic(bundle, docker_host)
     if echo:
         print(f"agentenv_nb: {choice}")

@@ -6,7 +6,8 @@ serving takes a ``Resolved`` and hands it down; server processes get it as JSON 
 
 Resolving checks every env the process sandbox would run, its requirements included, and starts each once (once a
 process, until one of its files changes), so a bad env (a Dockerfile line, a missing package, an import that raises)
-stops the start, not every episode. ``max_concurrent_envs`` unset is AGENTENV_NB_MAX_CONCURRENT_ENVS, else 8.
+stops the start, not every episode. ``max_concurrent_envs`` unset is AGENTENV_NB_MAX_CONCURRENT_ENVS, else its
+default (``settings``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from agentenv_nb import settings
-from agentenv_nb.tasks.bundles import get_bundle
+from agentenv_nb.tasks.bundles import BUNDLES_DIR, get_bundle
 
 
 @dataclass(frozen=True)
@@ -38,20 +39,20 @@ class Resolved:
 
 
 def resolve(bundle: str | Path | Resolved, sandbox: str | None = None, max_concurrent_envs: int | None = None,
-            bundle_dir: str | Path = "bundles") -> Resolved:
+            bundle_dir: str | Path = BUNDLES_DIR) -> Resolved:
     """``bundle`` (a folder, a name ``bundles.txt`` lists, an installed bundle) resolved: fetched, its sandbox chosen
-    (``choice.choose_sandbox``; ``sandbox`` forces one) and, for the process sandbox, every env checked. A
-    ``Resolved`` is returned as it is."""
+    (``choice.choose_sandbox``; ``sandbox`` forces one, ``"auto"`` none) and, for the process sandbox, every env
+    checked. A ``Resolved`` is returned as it is."""
     if isinstance(bundle, Resolved):
         return bundle
     from agentenv_nb.envs.process import sandbox as process_sandbox
-    from agentenv_nb.envs.choice import DOCKER, PROCESS, choose_sandbox
+    from agentenv_nb.envs.choice import AUTO, DOCKER, PROCESS, choose_sandbox
 
     settings.check_environment()  # a bad setting is said before the bundle is fetched or anything starts
     limit = settings.get("max_concurrent_envs", max_concurrent_envs)
     folder = get_bundle(bundle, bundle_dir)
     # Said unless the caller named it: a choice made here, or Docker, which may not answer (its reason says so).
-    choice = choose_sandbox(folder, force=sandbox, echo=sandbox in (None, DOCKER))
+    choice = choose_sandbox(folder, force=sandbox, echo=sandbox in (None, AUTO, DOCKER))
     if choice.name == PROCESS:
         process_sandbox.trial(folder)  # an env that can't start stops this start, not every episode
     return Resolved(Path(folder), choice.name, choice.reason, limit)

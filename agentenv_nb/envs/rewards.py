@@ -1,6 +1,6 @@
 """The reward of a task that records several scores, as ``reward=`` says: a score's step id, a name ("mean",
 "min", "max" of the scores), or a function of the scores by step id. Names and the combinators here pickle, so
-they reach server processes too (``envs.processes``); a lambda doesn't.
+they reach server processes too (``envs.serve.processes``); a lambda doesn't.
 
     AgentEnv.local(bundle, reward="mean", processes=8)
     AgentEnv.local(bundle, reward=Weighted({"answer": 3, "format": 1}), processes=8)

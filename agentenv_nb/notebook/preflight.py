@@ -21,6 +21,7 @@ import importlib.util
 import sys
 import warnings
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pandas as pd
@@ -206,7 +207,8 @@ def server_url(env) -> str:
 def check_server(env, split: str, timeout: float = 10.0) -> list[dict]:
     """The env server answers and serves ``split`` with at least one task (OpenEnv's Task API)."""
     url = server_url(env)
-    start = ("start it on the env host: python -m agentenv_nb.envs.serve BUNDLE --host 0.0.0.0 --port 8000 "
+    port = urlsplit(url).port or settings.get("port")  # the URL's: the server to start is the one it asks
+    start = (f"start it on the env host: python -m agentenv_nb.envs.serve BUNDLE --host 0.0.0.0 --port {port} "
              "--max-concurrent-envs 64 (docs/env-host.md), or use AgentEnv.local(BUNDLE)")
     token = env.token if hasattr(env, "token") else settings.get("token")
     try:

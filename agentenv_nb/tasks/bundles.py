@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 HF_PREFIX = "hf-dataset:"
+BUNDLES_DIR = "bundles"  # where a bundle bundles.txt lists is fetched or generated, unless told
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class UnknownBundle(Stop, KeyError):
         return self.args[0]  # as written, not quoted as a KeyError's key is
 
 
-def get_bundle(name: str | Path, root: str | Path = "bundles") -> Path:
+def get_bundle(name: str | Path, root: str | Path = BUNDLES_DIR) -> Path:
     """The folder of the bundle ``name``: a folder path, one of bundles.txt's (fetched into ``root``), or a bundle
     a package installs (``agent-env run`` lists them, e.g. agent_env's example ``mail-mcp``)."""
     if Path(name).is_dir():

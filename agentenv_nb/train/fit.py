@@ -57,7 +57,7 @@ def fit(trainer, resume_from_checkpoint: str | None = None, report_to: str | Non
     from transformers import TrainerState
 
     from agentenv_nb.client.metrics import ScoreLog
-    from agentenv_nb.train.grpo.health import HealthCheck
+    from agentenv_nb.train.health import HealthCheck
     from agentenv_nb.train.tracking import track
 
     args = trainer.args

@@ -58,7 +58,7 @@ def play(model: Any, tokenizer: Any, factory: Callable | dict[str, Callable], ro
     import_unsloth()  # before trl, so Unsloth patches it first
     from trl.chat_template_utils import add_response_schema, get_training_chat_template
 
-    from agentenv_nb.train.live import Progress
+    from agentenv_nb.train.progress import Progress
 
     if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
         add_response_schema(tokenizer)  # as TRL's GRPOTrainer does: a parser of its own (a built template's) is kept

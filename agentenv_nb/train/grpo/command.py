@@ -53,45 +53,50 @@ def parser() -> argparse.ArgumentParser:
     p = _OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""),
                        epilog="Launch on N GPUs with `torchrun --nproc_per_node N -m agentenv_nb.train ...` or "
                               "`accelerate launch --num_processes N -m agentenv_nb.train ...`; docs/scale-out.md.")
-    _option(p, "bundle")
-    _option(p, "bundles_dir")
-    _option(p, "run_dir")
-    _option(p, "warm_start")
-    _option(p, "preset", choices=(AUTO, *PRESETS))
-    _option(p, "trainer", choices=TRAINERS)
-    _option(p, "sandbox", choices=SANDBOXES)
-    _option(p, "max_steps", type=_positive)
-    _option(p, "learning_rate", type=_positive_number)
-    _option(p, "temperature", type=_positive_number)
-    _option(p, "lora_rank", type=_positive)
-    _option(p, "rollouts_a_step", type=_positive)
-    _option(p, "num_generations", type=_positive)
-    _option(p, "save_steps", type=_counting)
-    _option(p, "server_processes", type=_counting)  # rank 0's, for every rank
-    _option(p, "reward")  # a name or a step id: reaches the server processes as notebook 03's does
-    _option(p, "toolsets", choices=("first", "each"))
-    p.add_argument("--env-url", action="append", metavar="URL", help="play envs served elsewhere (python -m "
-                   "agentenv_nb.envs.serve on an env host) instead of serving here; repeat for several servers")
-    p.add_argument("--max-concurrent-envs", type=_positive, help="with --env-url: the sessions those servers hold in "
-                   "all, checked against the run's need (served here, the servers are sized from the config)")
-    _option(p, "report_to", choices=REPORT_TO)
-    _option(p, "gguf", metavar="QUANT")  # beside the adapter and the merged model in RUN_DIR/trained
-    _option(p, "build_llama_cpp", action="store_true")
-    _option(p, "push_to_hub", metavar="OWNER/NAME")
-    _option(p, "eval_days", type=_counting)  # rank 0's, after training, into RUN_DIR/greedy-evals.csv
-    _option(p, "max_new_tokens", type=_positive)
-    p.add_argument("--set", action="append", default=[], type=_setting, metavar="KEY=VALUE", dest="overrides",
-                   help="a GRPOConfig setting over the preset's, VALUE as JSON (else a string); e.g. "
-                        "steps_per_generation=1 where the card has the room; repeatable")
+    groups = {words: p.add_argument_group(f"Parameters that control {words}") for words in GRPORun.groups()}
+    options = {name: groups[words] for words, names in GRPORun.groups().items() for name in names}
+    training, envs = options["max_steps"], options["sandbox"]
+    _option(options, "bundle")
+    _option(options, "bundles_dir")
+    _option(options, "run_dir")
+    _option(options, "warm_start")
+    _option(options, "preset", choices=(AUTO, *PRESETS))
+    _option(options, "trainer", choices=TRAINERS)
+    _option(options, "max_steps", type=_positive)
+    _option(options, "learning_rate", type=_positive_number)
+    _option(options, "temperature", type=_positive_number)
+    _option(options, "lora_rank", type=_positive)
+    _option(options, "rollouts_a_step", type=_positive)
+    _option(options, "num_generations", type=_positive)
+    _option(options, "save_steps", type=_counting)
+    training.add_argument(
+        "--set", action="append", default=[], type=_setting, metavar="KEY=VALUE", dest="overrides",
+        help="a GRPOConfig setting over the preset's, VALUE as JSON (else a string); e.g. steps_per_generation=1 "
+             "where the card has the room; repeatable")
+    _option(options, "sandbox", choices=SANDBOXES)
+    _option(options, "server_processes", type=_counting)  # rank 0's, for every rank
+    _option(options, "reward")  # a name or a step id: reaches the server processes as notebook 03's does
+    _option(options, "toolsets", choices=("first", "each"))
+    envs.add_argument("--env-url", action="append", metavar="URL", help="play envs served elsewhere (python -m "
+                      "agentenv_nb.envs.serve on an env host) instead of serving here; repeat for several servers")
+    envs.add_argument("--max-concurrent-envs", type=_positive, help="with --env-url: the sessions those servers hold "
+                      "in all, checked against the run's need (served here, the servers are sized from the config)")
+    _option(options, "report_to", choices=REPORT_TO)
+    _option(options, "gguf", metavar="QUANT")  # beside the adapter and the merged model in RUN_DIR/trained
+    _option(options, "build_llama_cpp", action="store_true")
+    _option(options, "push_to_hub", metavar="OWNER/NAME")
+    _option(options, "eval_days", type=_counting)  # rank 0's, after training, into RUN_DIR/greedy-evals.csv
+    _option(options, "max_new_tokens", type=_positive)
     return p
 
 
-def _option(p: argparse.ArgumentParser, name: str, **given) -> None:
-    """``--name`` with notebook 03's default and help for the parameter ``name``, unless ``given`` says otherwise."""
+def _option(options: dict, name: str, **given) -> None:
+    """``--name`` with notebook 03's default and help for the parameter ``name``, unless ``given`` says otherwise, in
+    its group of ``options``."""
     default = given.pop("default", getattr(GRPORun(), name))
     text = given.pop("help", GRPORun.help(name)).replace("%", "%%")
     shown = f" (default: {default})" if default not in (None, "") else ""
-    p.add_argument(f"--{name.replace('_', '-')}", default=default, help=text + shown, **given)
+    options[name].add_argument(f"--{name.replace('_', '-')}", default=default, help=text + shown, **given)
 
 
 def _positive(text: str) -> int:

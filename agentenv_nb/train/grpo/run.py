@@ -18,26 +18,32 @@ import dataclasses
 import math
 import typing
 
-from agentenv_nb.envs.processes import servers_for_host
+from agentenv_nb.envs.serve.processes import MOST_SERVERS, servers_for_host
 from agentenv_nb.stops import Stop
+from agentenv_nb.tasks.bundles import BUNDLES_DIR
 from agentenv_nb.train.naming import NOTEBOOK, Naming
 
 SANDBOXES = ("auto", "process", "modal", "local")
 
 
-def _parameter(default, help: str, notebook_only: bool = False):
-    return dataclasses.field(default=default, metadata={"help": help, "notebook_only": notebook_only})
+def _parameter(default, help: str, notebook_only: bool = False, opens: str = ""):
+    """A parameter: its default, its help, whether only the notebook takes it; ``opens``: the group it opens."""
+    return dataclasses.field(default=default, metadata={"help": help, "notebook_only": notebook_only, "opens": opens})
 
 
 @dataclasses.dataclass(frozen=True)
 class GRPORun:
-    """A GRPO run's parameters: what to train on, with which preset, where, and how the envs are served."""
+    """A GRPO run's parameters, in groups as TRL's GRPOConfig has its own ("Parameters that control ...", ``groups``):
+    the data and where the run goes, the model and the trainer, the training, the envs, the logging and the export,
+    the greedy eval after training."""
 
-    bundle: str = _parameter("gridsim-v1", "a name from bundles.txt, or a bundle folder")
-    bundles_dir: str = _parameter("bundles", "where bundles are downloaded or generated")
+    bundle: str = _parameter("gridsim-v1", "a name from bundles.txt, or a bundle folder",
+                             opens="the data, and where the run goes")
+    bundles_dir: str = _parameter(BUNDLES_DIR, "where bundles are downloaded or generated")
     run_dir: str = _parameter("runs/gridsim", "where models, checkpoints, logs and plots go; GRPO's in RUN_DIR/grpo")
+
     warm_start: str = _parameter("", "the SFT model, a folder or a Hub id; empty: RUN_DIR/sft/merged, which notebook "
-                                     "02 writes")
+                                     "02 writes", opens="the model and the trainer")
     preset: str = _parameter("auto", "'auto': the preset that fits this card ('24gb', the recipe's, on 20 GB or more, "
                                      "vLLM's weights the fastest that fit; '16gb' below, as on a T4; 'cpu-tiny' with "
                                      "no GPU); or a name from presets.PRESETS ('16bit': LoRA on 16-bit weights)")
@@ -45,35 +51,47 @@ class GRPORun:
                                       "Unsloth's AsyncGRPOTrainer, generating the next batch on the model's own vLLM "
                                       "while this one trains (one GPU with vLLM; no eval loop: the greedy eval after "
                                       "training is its figure)")
-    sandbox: str = _parameter("auto", "where envs run: 'auto' (chosen for the bundle), 'process', 'modal', 'local' "
-                                      "(Docker)")
-    max_steps: int | None = _parameter(None, "the step to train to; unset: the preset's max_steps (40; 'cpu-tiny' 4)")
-    learning_rate: float | None = _parameter(None, "the optimizer's peak learning rate; unset: the preset's (2e-05; a "
+
+    max_steps: int | None = _parameter(None, "the step to train to, more to learn more; unset: the preset's max_steps "
+                                             "(40; 'cpu-tiny' 4)",
+                                       opens="the training, over the preset's")
+    learning_rate: float | None = _parameter(None, "the optimizer's peak learning rate, lower where the reward "
+                                                   "swings or the tools are dropped; unset: the preset's (2e-05; a "
                                                    "model under 1B parameters 0.0001; 'cpu-tiny' 0.0003)")
-    temperature: float | None = _parameter(None, "the rollouts' sampling temperature; unset: the preset's (1.1; a "
-                                                 "model under 1B parameters 0.7; 'cpu-tiny' 0.8)")
-    lora_rank: int | None = _parameter(None, "LoRA's rank r, its alpha scaled with it (r32/alpha64); unset: the "
-                                             "preset's (32)")
+    temperature: float | None = _parameter(None, "the rollouts' sampling temperature, higher where a group's "
+                                                 "rollouts score alike; unset: the preset's (1.1; a model under 1B "
+                                                 "parameters 0.7; 'cpu-tiny' 0.8)")
+    lora_rank: int | None = _parameter(None, "LoRA's rank r, its alpha scaled with it (r32/alpha64), larger to "
+                                             "learn more, slower; unset: the preset's (32)")
     rollouts_a_step: int | None = _parameter(None, "the rollouts a step trains on, a GPU's: tasks a step x "
-                                                   "num_generations; unset: the preset's (32; '16gb' 16; 'cpu-tiny' 8)")
-    num_generations: int | None = _parameter(None, "rollouts a task, the group GRPO compares; unset: the preset's (8; "
-                                                   "'cpu-tiny' 4)")
-    save_steps: int = _parameter(5, "a checkpoint every few steps, to resume from (0: none)")
+                                                   "num_generations, fewer where a step doesn't fit the card; unset: "
+                                                   "the preset's (32; '16gb' 16; 'cpu-tiny' 8)")
+    num_generations: int | None = _parameter(None, "rollouts a task, the group GRPO compares, more where a group's "
+                                                   "rollouts score alike; unset: the preset's (8; 'cpu-tiny' 4)")
+    save_steps: int = _parameter(5, "a checkpoint every this many steps, to resume from, lower to lose less "
+                                    "to a disconnect (0: none)")
+
+    sandbox: str = _parameter("auto", "where envs run: 'auto' (chosen for the bundle), 'process', 'modal', 'local' "
+                                      "(Docker)", opens="the envs")
     server_processes: int = _parameter(servers_for_host(), "env servers beside the trainer, off its GIL (default: one "
-                                                           "a core, up to 8); 0: a thread of this process")
+                                                           f"a core, up to {MOST_SERVERS}); 0: a thread of this "
+                                                           "process")
     reward: str = _parameter("", "for tasks that record several scores: 'mean', 'min', 'max' of them, or a score's "
                                  "step id; empty: the task's one score")
     toolsets: str = _parameter("first", "'each' for a bundle whose tasks differ in tools (a class a toolset, each row "
                                         "routed to its own); 'first': the first task's tools are every task's")
+
     report_to: str = _parameter("none", "also log to 'tensorboard', 'trackio' or 'wandb': reward and every score, by "
-                                        "step")
+                                        "step", opens="the logging and the export")
     gguf: str = _parameter("q8_0", "the GGUF export's quantization, where llama.cpp is built; '' for none")
     build_llama_cpp: bool = _parameter(False, "where no built llama.cpp is found, let Unsloth's exporter download and "
                                               "build it for the GGUF: minutes, and a network (Colab has one)")
     push_to_hub: str = _parameter("", "a Hub repo (you/my-agent) for the trained model, private; needs "
                                       "HF_TOKEN")
+
     eval_days: int = _parameter(50, "eval tasks played greedily after training, the first ones, as notebook 02 "
-                                    "scores the warm start (give both the same); 0: none")
+                                    "scores the warm start (give both the same); 0: none",
+                                opens="the greedy eval after training")
     max_new_tokens: int = _parameter(256, "a reply's budget in that eval, as notebook 02's")
     try_day: int = _parameter(0, "the eval task notebook 03's \"Try it\" plays, by its index", notebook_only=True)
     try_prompt: str = _parameter("", "your own words for that task, in place of its prompt", notebook_only=True)
@@ -102,6 +120,14 @@ class GRPORun:
     def help(cls, name: str) -> str:
         """What parameter ``name`` (``max_steps`` or ``MAX_STEPS``) sets."""
         return cls.__dataclass_fields__[name.lower()].metadata["help"]
+
+    @classmethod
+    def groups(cls) -> dict[str, list[str]]:
+        """The parameters by group, in order, under the words that end each heading ("Parameters that control ...")."""
+        groups: dict[str, list[str]] = {}
+        for field in dataclasses.fields(cls):
+            groups.setdefault(field.metadata["opens"] or list(groups)[-1], []).append(field.name)
+        return groups
 
     @classmethod
     def kind(cls, name: str) -> type:
@@ -152,7 +178,7 @@ def resolve_bundle(run: GRPORun):
     """The run's bundle resolved once (``envs.resolve``): fetched, its sandbox chosen, its envs checked."""
     from agentenv_nb.envs.resolve import resolve
 
-    return resolve(run.bundle, None if run.sandbox == "auto" else run.sandbox, bundle_dir=run.bundles_dir)
+    return resolve(run.bundle, run.sandbox, bundle_dir=run.bundles_dir)
 
 
 def greedy_eval_sessions(run: GRPORun, config) -> int:

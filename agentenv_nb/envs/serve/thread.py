@@ -4,7 +4,7 @@
         env = AgentEnv(server.url, token=server.token)
 
 It listens on loopback and requires a token, made here unless given (AGENTENV_NB_TOKEN): another user of this
-machine can reach loopback too. ``envs.processes`` serves from processes beside this one; the serve command
+machine can reach loopback too. ``serve.processes`` serves from processes beside this one; the serve command
 (``python -m agentenv_nb.envs.serve``) on an env host.
 """
 
@@ -23,6 +23,7 @@ from agentenv_nb.envs.app import Reward, build, warnings_and_up
 from agentenv_nb.envs.resolve import Resolved, resolve
 from agentenv_nb.envs.store import use_private_store
 from agentenv_nb.lifecycle import close_at_exit
+from agentenv_nb.tasks.bundles import BUNDLES_DIR
 
 
 def new_token() -> str:
@@ -65,7 +66,7 @@ SHUTDOWN_GRACE_S = 30.0  # seconds a stopping server gives the requests in fligh
 def serve_in_thread(bundle: str | Path | Resolved, host: str = "127.0.0.1", port: int = 0, sandbox: str | None = None,
                     max_concurrent_envs: int | None = None, reward: Reward = None, token: str | None = None,
                     start_timeout: float = 60.0, shutdown_timeout: float = SHUTDOWN_GRACE_S,
-                    bundle_dir: str | Path = "bundles") -> ServerHandle:
+                    bundle_dir: str | Path = BUNDLES_DIR) -> ServerHandle:
     """Serve ``bundle`` (see ``resolve``) on a daemon thread; ``port=0`` takes a free one. Returns once it accepts
     connections, or raises when it didn't start within ``start_timeout`` seconds."""
     resolved = resolve(bundle, sandbox, max_concurrent_envs, bundle_dir)
@@ -80,7 +81,7 @@ def serve_in_thread(bundle: str | Path | Resolved, host: str = "127.0.0.1", port
     for name in ("uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).addFilter(warnings_and_up)
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name=f"agentenv_nb.envs.serving:{port}", daemon=True)
+    thread = threading.Thread(target=server.run, name=f"agentenv_nb.envs.serve.thread:{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + start_timeout
     while not server.started:

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 
 from agentenv_nb import settings
-from agentenv_nb.tasks.bundles import UnknownBundle
+from agentenv_nb.tasks.bundles import BUNDLES_DIR, UnknownBundle
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,25 +52,31 @@ def is_loopback(host: str) -> bool:
         return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
 
 
+def _default(name: str) -> str:
+    """Where a flag's default comes from, as its help says it: the setting's variable, else its default."""
+    setting = settings.SETTINGS[name]
+    return f"default {setting.variable}, else {'chosen for the bundle' if setting.default is None else setting.default}"
+
+
 def _parser() -> _Parser:
     parser = _Parser(prog="python -m agentenv_nb.envs.serve", description=__doc__.split("\n\n")[0])
     parser.add_argument("bundle", nargs="?",
                         help="a bundle folder, a name bundles.txt lists, or an installed bundle's name")
     parser.add_argument("--host", type=_setting("host"),
-                        help="the address to listen on (default AGENTENV_NB_HOST, else 127.0.0.1; beyond loopback a "
-                        "token is required)")
-    parser.add_argument("--port", type=_setting("port"), help="default AGENTENV_NB_PORT, else 8000; 0: any free one")
+                        help=f"the address to listen on ({_default('host')}; beyond loopback a token is required)")
+    parser.add_argument("--port", type=_setting("port"), help=f"{_default('port')}; 0: any free one")
     parser.add_argument("--sandbox", help="where episodes deploy their envs, as agent-env run --sandbox (process, "
-                        "modal, local: Docker); default AGENTENV_NB_SANDBOX, else chosen for the bundle")
+                        f"modal, local: Docker); {_default('sandbox')}")
     parser.add_argument("--max-concurrent-envs", type=_setting("max_concurrent_envs"),
-                        help="sessions served at once: one per rollout in flight, train and eval (default "
-                        "AGENTENV_NB_MAX_CONCURRENT_ENVS, else 8)")
+                        help="sessions served at once: one per rollout in flight, train and eval "
+                        f"({_default('max_concurrent_envs')})")
     parser.add_argument("--reward", help="for tasks that record several scores: the step id whose score is the "
                         "reward, or 'mean', 'min' or 'max' of the scores")
-    parser.add_argument("--bundle-dir", default="bundles", help="where a bundle bundles.txt lists is fetched to")
-    parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)  # envs.processes: a socket it bound for us
-    parser.add_argument("--resolved", help=argparse.SUPPRESS)  # envs.processes: the bundle it resolved
-    parser.add_argument("--reward-file", help=argparse.SUPPRESS)  # envs.processes: the reward, in its private folder
+    parser.add_argument("--bundle-dir", default=BUNDLES_DIR,
+                        help="where a bundle bundles.txt lists is fetched to (default %(default)s)")
+    parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)  # serve.processes: a socket it bound for us
+    parser.add_argument("--resolved", help=argparse.SUPPRESS)  # serve.processes: the bundle it resolved
+    parser.add_argument("--reward-file", help=argparse.SUPPRESS)  # serve.processes: the reward, in its private folder
     return parser
 
 
@@ -88,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(e))
     shown = None
     if token is None and args.fd is None and not is_loopback(host):
-        from agentenv_nb.envs.serving import new_token
+        from agentenv_nb.envs.serve.thread import new_token
 
         token = shown = new_token()
     from agentenv_nb.envs.choice import SandboxError
@@ -121,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     import uvicorn
 
-    from agentenv_nb.envs.serving import SHUTDOWN_GRACE_S
+    from agentenv_nb.envs.serve.thread import SHUTDOWN_GRACE_S
 
     if shown:
         print(f"agentenv_nb: serving on http://{host}:{port} with the access token {shown} (shown once: pass it as "
@@ -133,7 +139,7 @@ def _serve_inherited(app, fd: int) -> None:
     """Serve ``app`` on the listening socket ``fd`` a parent handed over, until it closes this process's stdin."""
     import uvicorn
 
-    from agentenv_nb.envs.serving import SHUTDOWN_GRACE_S
+    from agentenv_nb.envs.serve.thread import SHUTDOWN_GRACE_S
 
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", ws_ping_interval=None,
                                            timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
@@ -145,7 +151,3 @@ def _serve_inherited(app, fd: int) -> None:
 
     threading.Thread(target=stop_with_parent, daemon=True).start()
     server.run(sockets=[socket.socket(fileno=fd)])
-
-
-if __name__ == "__main__":
-    main()

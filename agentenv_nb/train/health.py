@@ -19,9 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from agentenv_nb.train.live import log_numbers
-from transformers import TrainerCallback
-from transformers.utils.import_utils import is_in_notebook
+from agentenv_nb.stack import hide_broken_torchvision
+from agentenv_nb.train.progress import log_numbers
+
+hide_broken_torchvision()  # a broken torchvision breaks every import of transformers' trainer
+from transformers import TrainerCallback  # noqa: E402
+from transformers.utils.import_utils import is_in_notebook  # noqa: E402
 
 Rows = list[dict[str, float]]
 

@@ -24,11 +24,15 @@ from agentenv_nb import settings
 from agentenv_nb.envs import rewards
 from agentenv_nb.envs.resolve import Resolved, resolve
 from agentenv_nb.envs.rewards import Reward
-from agentenv_nb.envs.serving import new_token
+from agentenv_nb.envs.serve.thread import SHUTDOWN_GRACE_S, new_token
 from agentenv_nb.lifecycle import close_at_exit
+from agentenv_nb.tasks.bundles import BUNDLES_DIR
 
 
-def servers_for_host(most: int = 8) -> int:
+MOST_SERVERS = 8  # the most server processes ``servers_for_host`` gives, whatever the cores
+
+
+def servers_for_host(most: int = MOST_SERVERS) -> int:
     """Env server processes for this host: one a core this process may run on, at most ``most``. Each prepares the
     whole bundle as it starts, so more processes than cores start slower and play no faster (docs/benchmarks.md)."""
     return min(most, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
@@ -119,8 +123,9 @@ class ServerProcesses:
 
 def serve_in_processes(bundle: str | Path | Resolved, processes: int, host: str = "127.0.0.1",
                        sandbox: str | None = None, max_concurrent_envs: int | None = None, reward: Reward = None,
-                       token: str | None = None, start_timeout: float = 120.0, shutdown_timeout: float = 30.0,
-                       env: dict[str, str] | None = None, bundle_dir: str | Path = "bundles") -> ServerProcesses:
+                       token: str | None = None, start_timeout: float = 120.0,
+                       shutdown_timeout: float = SHUTDOWN_GRACE_S, env: dict[str, str] | None = None,
+                       bundle_dir: str | Path = BUNDLES_DIR) -> ServerProcesses:
     """Serve ``bundle`` (resolved here first, see ``resolve``) from ``processes`` subprocesses,
     ``max_concurrent_envs`` sessions among them; returns once each answers
     ``/health``. ``reward`` (``envs.rewards``) must pickle to reach them: a name, a step id, ``Weighted``, a function
