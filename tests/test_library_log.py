@@ -139,3 +139,17 @@ def test_a_kernels_stdout_without_a_descriptor_gives_the_logs_to_code_that_asks(
     assert shown.returncode == 0, shown.stderr
     assert "written to a descriptor" in (tmp_path / "library.log").read_text()
     assert "descriptor" not in shown.stdout  # the kernel's stdout has the kit's line alone
+
+
+def test_a_stream_a_library_keeps_from_the_block_goes_quietly(tmp_path):
+    """A library may keep the stdout it found in the block (a handler, a console) and let it go after the log is
+    closed: nothing shows (Python 3.13 reports a stream's failing flush as it is collected, in red under a cell)."""
+    shown = run(tmp_path, """
+        import sys
+        with to_log("training"):
+            kept = sys.stdout
+            print("the kit's own line")
+        del kept
+    """)
+    assert shown.returncode == 0 and shown.stderr == "", shown.stderr
+    assert shown.stdout == "the kit's own line\n"
