@@ -42,7 +42,8 @@ class _LibraryPrints(io.TextIOBase):
 
     def flush(self) -> None:
         self.console.flush()
-        self.log.flush()
+        if not self.log.closed:  # collected after the block (a library kept it), it is flushed once more as it closes
+            self.log.flush()
 
     # as the console, to code that asks (tqdm, a subprocess given sys.stdout)
     @property

@@ -6,6 +6,7 @@ The hosts are given as their probes would read them (Colab and Kaggle can't exis
 branch runs, each GPU's compute capability and memory as nvidia-smi reports them, and the runtime's own torch.
 """
 
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -207,7 +208,10 @@ def test_the_probes_read_this_machine_without_importing_torch():
     version, imported = done.stdout.split()
     import torch
 
-    assert version == torch.__version__ and imported == "False"
+    # the installed distribution's version, which a kept torch's pin must match: PyPI's CUDA build says "2.13.0" in
+    # its metadata and "2.13.0+cu130" in torch.__version__
+    assert version == importlib.metadata.version("torch") and torch.__version__.startswith(version)
+    assert imported == "False"
     assert read_host().gpus == () and read_host().torch_cuda == (
         tuple(map(int, torch.version.cuda.split(".")[:2])) if torch.version.cuda else None)
 
