@@ -99,7 +99,7 @@ STACKS = {stack.name: stack for stack in (
     Stack("cuda12", (12, 8), changes={"torch": "torch==2.10.0", "vllm": "vllm==0.19.1", "vllm-bnb-plugin": None},
           minutes=6),
     Stack("runtime", None, changes={"torch": KEEP, "vllm": None, "vllm-bnb-plugin": None}, minutes=2,
-          ran="an H200 on its own torch 2.11.0+cu130, and CI's CPU on torch 2.13.0+cpu"),
+          ran="an H200 on its own torch 2.11.0+cu130, and CI's CPU on torch 2.13.0 (Python 3.11 and 3.13)"),
     Stack("cpu", None, changes={"vllm": None, "vllm-bnb-plugin": None}, minutes=3,
           torch_index="https://download.pytorch.org/whl/cpu"),
     # A set for each torch of VLLM_FOR_TORCH: the runtime's torch kept, the vLLM built for it added
