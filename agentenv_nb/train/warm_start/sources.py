@@ -37,7 +37,8 @@ class WarmStart:
 
     def sft_dataset(self, model, tokenizer, env, preset: presets.Preset | str, *, samples: int = 2,
                     fraction: float = 0.5, **play_kwargs):
-        """TRL's SFT set of the demonstrations. For self-distillation they are played first: each train task
+        """TRL's SFT set of the demonstrations that ``model`` can learn from at ``preset``'s SFT length (``Stop``, in
+        one line, where too few can: ``learnable``). For self-distillation they are played first: each train task
         ``samples`` times at the preset's GRPO temperature, the top ``fraction`` of those scoring above 0 kept."""
         if self.source == SELF_DISTILLATION:
             rollouts, self.demonstrations = demo_data.best_rollouts(model, tokenizer, env, preset, fraction=fraction,
@@ -45,7 +46,7 @@ class WarmStart:
             if not self.demonstrations:
                 raise ValueError(f"none of the model's {len(rollouts)} rollouts of the train tasks scored above 0, so "
                                  "it has nothing of its own to learn from: give DEMOS, a JSONL of demonstrations")
-        return demo_data.sft_dataset(self.demonstrations)
+        return demo_data.sft_dataset(self.demonstrations, tokenizer, preset, model)
 
 
 def choose(bundle: str | Path, env, demos: str | Path = "") -> WarmStart:
