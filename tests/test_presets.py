@@ -206,7 +206,7 @@ def test_a_pretrained_model_on_the_cpu_preset_gets_lora_and_minutes_not_the_tiny
     assert (tiny["max_steps"], tiny["learning_rate"]) == (200, 3e-3)
     recipe = presets.PRESETS["cpu-tiny"]
     assert (real["max_steps"], real["learning_rate"]) == (recipe.pretrained_sft_max_steps,
-                                                          recipe.pretrained_sft_learning_rate) == (48, 2e-4)
+                                                          recipe.pretrained_sft_learning_rate) == (12, 1e-3)
     assert presets.sft_kwargs("cpu-tiny", model=gemma, max_steps=5)["max_steps"] == 5  # the notebook's own count
     assert not presets.pretrained("24gb", gemma)  # a GPU preset's settings are made for real models already
     assert presets.table("cpu-tiny").loc["pretrained_from", "preset"] == 1e7

@@ -96,8 +96,8 @@ class Preset:
     # A pretrained model's SFT warm start on a preset made for the tiny random model (``choices.pretrained``): LoRA,
     # not a full fine-tune, in fewer and gentler steps
     pretrained_from: float | None = _part("pretrained", None)  # parameters; None: every model gets the settings above
-    pretrained_sft_max_steps: int = _part("pretrained", 48)  # -1: sft_num_train_epochs
-    pretrained_sft_learning_rate: float = _part("pretrained", 2e-4)
+    pretrained_sft_max_steps: int = _part("pretrained", 12)  # -1: sft_num_train_epochs
+    pretrained_sft_learning_rate: float = _part("pretrained", 1e-3)  # as a small model's on a GPU (small_sft_*)
     # GRPOConfig's and SFTConfig's
     lr_scheduler_type: str = _part("trainer", "cosine")
     optim: str = _part("trainer", "adamw_torch")  # Unsloth's default: adamw_8bit. The same AdamW as TRL's fused one
