@@ -21,9 +21,10 @@ from agentenv_nb.train.warm_start.user_demos import read_demonstrations
 
 EXPERT, DEMONSTRATIONS, SELF_DISTILLATION = "expert", "demonstrations", "self-distillation"
 TOOL_CALL_RATE = 0.5  # the share of eval tasks with a tool call below which the warm start didn't learn the tools
-TINY_CANT = ("expected of the tiny CPU model: a random model this small learns the form of a tool call from the "
-             "demonstrations, not the answers, so where the verifiers give no partial credit it scores 0 on the CPU. "
-             "The warm start is saved and the run goes on; on a GPU preset this stops the run")
+TINY_CANT = ("expected on the CPU preset: the tiny random model, or a real one in the few SFT steps a CPU takes, learns "
+             "the form of a tool call from the demonstrations, not the answers, so where the verifiers give no partial "
+             "credit it scores 0 on the CPU. The warm start is saved and the run goes on; on a GPU preset this stops "
+             "the run")
 
 
 @dataclass
