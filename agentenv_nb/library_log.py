@@ -29,6 +29,37 @@ LIBRARIES = ("unsloth", "unsloth_zoo", "unsloth_compiled_cache", "vllm", "trl", 
              "bitsandbytes", "torch", "datasets", "huggingface_hub", "agent_env")
 
 
+class _LogWhileOpen(io.TextIOBase):
+    """The library log as a stream while a block runs, then whatever ``sys.stderr`` is (the console, or a later
+    block's log). A library may keep the stream it found: Unsloth wraps ``sys.stderr`` in a filter as it imports, and a
+    logging handler made inside the block holds that filter; past the block it must not write to a closed file."""
+
+    def __init__(self, log):
+        self.log = log
+
+    @property
+    def _target(self):
+        if not self.log.closed:
+            return self.log
+        return sys.stderr if sys.stderr is not self else sys.__stderr__
+
+    def write(self, text: str) -> int:
+        return self._target.write(text)
+
+    def flush(self) -> None:
+        self._target.flush()
+
+    @property
+    def encoding(self) -> str:
+        return self._target.encoding
+
+    def isatty(self) -> bool:
+        return self._target.isatty()
+
+    def fileno(self) -> int:
+        return self._target.fileno()
+
+
 class _LibraryPrints(io.TextIOBase):
     """stdout for a block: what code of ``LIBRARIES`` writes goes to ``log``; anything else's to ``console``."""
 
@@ -99,10 +130,11 @@ def to_log(what: str, keep_displays: bool = False):
     path = Path(settings.get("library_log"))
     path.parent.mkdir(parents=True, exist_ok=True)
     consoles = (sys.stderr, sys.__stderr__)
-    with path.open("a", encoding="utf-8") as log:
-        log.write(f"--- {what}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        log.flush()
-        start = log.tell()
+    with path.open("a", encoding="utf-8") as file:
+        file.write(f"--- {what}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        file.flush()
+        start = file.tell()
+        log = _LogWhileOpen(file)
         moved = {handler: handler.stream for handler in _stream_handlers() if handler.stream in consoles}
         for handler in moved:
             handler.setStream(log)

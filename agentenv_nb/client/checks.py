@@ -85,13 +85,13 @@ def template_problems(tokenizer, round_trip: bool = True) -> list[str]:
     if not supports_tool_calling(tokenizer):
         problems.append(f"the tokenizer's chat template can't render a tool-calling conversation; {FIX}")
     try:
-        _masking_template(tokenizer)
+        masking_template(tokenizer)
     except ValueError as error:
         problems.append(f"{error}; {FIX}")
     return problems
 
 
-def _masking_template(tokenizer) -> str | None:
+def masking_template(tokenizer) -> str | None:
     """The template SFTTrainer masks the assistant's tokens with (None: the tokenizer's own), as it picks it."""
     from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 
@@ -152,7 +152,7 @@ def round_trip_problems(tokenizer) -> list[str]:
     if "Paris" not in text:  # an argument of the second call: the tools' descriptions name the tools themselves
         return [f"the chat template drops the assistant's tool calls; {FIX}"]
     try:
-        masking = _masking_template(tokenizer)
+        masking = masking_template(tokenizer)
     except ValueError as error:
         return [f"{error}; {FIX}"]
     rendered = tokenizer.apply_chat_template(ROUND_TRIP, tools=_ROUND_TRIP_TOOLS, tokenize=True, return_dict=True,

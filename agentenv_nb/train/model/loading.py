@@ -16,6 +16,7 @@ from pathlib import Path
 
 from agentenv_nb.library_log import to_log
 from agentenv_nb.stack import import_unsloth
+from agentenv_nb.stops import Stop
 from agentenv_nb.train import presets
 from agentenv_nb.train.model import vllm_sizing
 from agentenv_nb.train.model.tool_template import use_tool_template
@@ -33,7 +34,8 @@ def load_model(name: str, preset: str, stage: str = "grpo", *, corpus: Iterable[
                models_dir: str | Path = "models"):
     """``name`` (a Hub id, a folder, a GGUF file or a folder holding one, or "tiny", built from ``corpus``) loaded
     as ``preset`` says for ``stage`` ("sft" or "grpo"): with LoRA on every linear layer, or every weight trainable
-    where the preset fine-tunes in full, on the preset's torch threads; returns (model, tokenizer). The tiny model
+    where the preset fine-tunes this model in full, on the preset's torch threads; a model larger than the preset
+    trains here in reasonable time is refused in one line (``Stop``); returns (model, tokenizer). The tiny model
     and GGUF conversions are made once under ``models_dir``. The model's PAD/BOS/EOS ids are the tokenizer's, as
     every TRL trainer would set them (with a notice each time) otherwise. A chat template TRL parses no tool calls
     from is replaced by one it does (``tool_template.use_tool_template``), in one line."""
@@ -42,18 +44,23 @@ def load_model(name: str, preset: str, stage: str = "grpo", *, corpus: Iterable[
     from unsloth import FastLanguageModel
 
     vllm_sizing.hold_to_budget()
-    with to_log("loading the model"):
-        if name == TINY:
-            from agentenv_nb.train.model.tiny import build_tiny_model
+    gguf = None if name == TINY else gguf_file(name)
+    if name == TINY or gguf:
+        with to_log("making the model folder"):
+            if gguf:
+                name = from_gguf(gguf, Path(models_dir) / gguf.stem)
+            else:
+                from agentenv_nb.train.model.tiny import build_tiny_model
 
-            name = build_tiny_model(Path(models_dir) / "tiny-qwen3", corpus_texts=corpus)
-        elif gguf := gguf_file(name):
-            name = from_gguf(gguf, Path(models_dir) / gguf.stem)
+                name = build_tiny_model(Path(models_dir) / "tiny-qwen3", corpus_texts=corpus)
+    if problem := presets.size_problem(preset, name):
+        raise Stop(problem)
+    with to_log("loading the model"):
         if threads := presets.torch_threads(preset):
             import torch
 
             torch.set_num_threads(threads)
-        full = presets.full_finetuning(preset, stage)
+        full = presets.full_finetuning(preset, stage, name)
         # vLLM where the preset generates on it, for SFT too (as Unsloth's GRPO notebooks fine-tune a fast_inference
         # model before GRPO): the warm start's evals and self-distillation's rollouts play there. Not for a model
         # trained in full, whose every weight vLLM would have to be handed after each step.
@@ -94,27 +101,68 @@ def from_gguf(gguf: Path, folder: Path) -> str:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = _as_trained(AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name))
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
     config = gguf_model.config
     del config.quantization_config  # dequantized: an ordinary model, which save_pretrained takes
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.load_state_dict(gguf_model.state_dict())
     # GGUF metadata may name another EOS than the config's (SmolLM2's says <|im_start|>); the config's is the one
-    # its chat turns end with. No BOS: the chat template writes the first token itself.
+    # its chat turns end with. No BOS where a chat template writes the first token itself; without one, the format
+    # built for the model opens with its BOS (Gemma's text goes wrong without it)
     tokenizer.eos_token = tokenizer.convert_ids_to_tokens(config.eos_token_id)
-    tokenizer.bos_token = None
+    if getattr(tokenizer, "chat_template", None):
+        tokenizer.bos_token = None
     tokenizer.clean_up_tokenization_spaces = False  # a WordPiece cleanup that BPE tokenizers warn about, and skip
     if tokenizer.pad_token in (None, tokenizer.eos_token) and tokenizer.unk_token not in (None, tokenizer.eos_token):
         tokenizer.pad_token = tokenizer.unk_token  # apart from EOS: an ended turn is not taken for padding
     elif tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model.config.pad_token_id, model.config.bos_token_id = tokenizer.pad_token_id, None
-    model.generation_config.pad_token_id, model.generation_config.bos_token_id = tokenizer.pad_token_id, None
-    model.save_pretrained(folder)
+    model.config.pad_token_id, model.config.bos_token_id = tokenizer.pad_token_id, tokenizer.bos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
     tokenizer.save_pretrained(folder)
+    _check_reloads(tokenizer, folder)
+    model.save_pretrained(folder)  # its config.json last: the folder is made
     print(f"agentenv_nb: {gguf.name} converted to a model folder at {folder}")
     return str(folder)
+
+
+def _as_trained(tokenizer):
+    """``tokenizer``, read from a GGUF file, tokenizing as its model was trained to. transformers reads a GGUF's
+    SentencePiece vocabulary (Gemma's) as a Unigram over the pieces' scores, which splits words the model never saw
+    split ("▁r", "un" for "▁run"); SentencePiece's BPE, as llama.cpp runs it, merges the highest-scoring pair first:
+    a BPE whose merges are ordered by score (transformers' ``generate_merges``, as its SentencePiece converter does).
+    Made a plain fast tokenizer, which saves and reloads that backend as it is: Gemma's tokenizer class rebuilds a
+    BPE without merges from a saved Unigram, one token a character."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import generate_merges
+
+    state = json.loads(tokenizer.backend_tokenizer.to_str())
+    if state["model"]["type"] != "Unigram":
+        return tokenizer
+    pieces = state["model"]["vocab"]
+    vocab = {piece: index for index, (piece, _) in enumerate(pieces)}
+    state["model"] = {"type": "BPE", "dropout": None, "unk_token": pieces[state["model"]["unk_id"]][0],
+                      "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": True,
+                      "byte_fallback": state["model"].get("byte_fallback", False), "ignore_merges": False,
+                      "vocab": vocab, "merges": [list(merge) for merge in generate_merges(vocab, pieces)]}
+    special = {name: getattr(tokenizer, name) for name in ("bos_token", "eos_token", "unk_token", "pad_token")}
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(state)), add_bos_token=False,
+                                   add_eos_token=False, **{k: v for k, v in special.items() if v is not None})
+
+
+def _check_reloads(tokenizer, folder: Path) -> None:
+    """Raise where the tokenizer saved in ``folder`` reads text otherwise than ``tokenizer``: the model would be
+    trained on tokens it never saw."""
+    from transformers import AutoTokenizer
+
+    text = 'Call get_prices, then {"schedule": [1, -1, 0]}.\n<tool_call>'
+    given, reloaded = tokenizer.encode(text), AutoTokenizer.from_pretrained(folder).encode(text)
+    if given != reloaded:
+        raise ValueError(f"transformers saves this GGUF file's tokenizer otherwise than it reads it ({len(reloaded)} "
+                         f"tokens, not {len(given)}, for a line of text): bring the model as a folder or a Hub id")
 
 
 def save_warm_start(model, tokenizer, folder: str | Path) -> str:

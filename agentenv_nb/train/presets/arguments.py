@@ -38,7 +38,8 @@ def model_kwargs(preset: Preset | str, model_name: str, **overrides: Any) -> dic
         kwargs.update(_LOADED_IN[weights])
         if "gpu_memory_utilization" not in overrides:  # a share of the WHOLE card
             kwargs["gpu_memory_utilization"] = choices.vllm_utilization(preset, weights)
-    dtype = preset.dtype or {"fp16": "float16"}.get(choices.training_precision(preset))  # else Unsloth's: bf16 from 8.0
+    precision = choices.training_precision(preset, model=model_name)
+    dtype = preset.dtype or {"fp16": "float16", "fp32": "float32"}.get(precision)  # else Unsloth's: bf16 from 8.0
     if dtype is not None:
         import torch
 
@@ -74,9 +75,9 @@ def _named_as(preset: Preset, part: str, prefix: str = "") -> dict:
             if field.metadata.get("part") == part}
 
 
-def _shared(preset: Preset) -> dict:
-    """What GRPO and SFT both take from a preset."""
-    precision = choices.training_precision(preset)
+def _shared(preset: Preset, model=None) -> dict:
+    """What GRPO and SFT both take from a preset, for ``model`` (a name or a loaded model; None: any)."""
+    precision = choices.training_precision(preset, model=model)
     return {**_EXPLICIT, **_named_as(preset, "trainer"), "bf16": precision == "bf16", "fp16": precision == "fp16"}
 
 
@@ -105,7 +106,7 @@ def grpo_kwargs(preset: Preset | str, output_dir: str = "outputs", max_steps: in
     kwargs = _named_as(preset, "grpo")
     parts, thinking = kwargs.pop("generation_parts_without_vllm"), kwargs.pop("enable_thinking")
     kwargs = {
-        **kwargs, **_shared(preset),
+        **kwargs, **_shared(preset, model_name),
         "chat_template_kwargs": {"enable_thinking": thinking},
         # TRL's group scaling. Unsloth's rewrite turns "group"/True off for dr_grpo; only None keeps it
         # (and becomes "group"). Stock TRL rejects None at the first step, so it gets "group" itself.
@@ -130,10 +131,11 @@ def grpo_kwargs(preset: Preset | str, output_dir: str = "outputs", max_steps: in
 def sft_kwargs(preset: Preset | str, output_dir: str = "sft-outputs", max_steps: int | None = None,
                save_steps: int | None = None, resume: bool | str = False, model=None, **overrides: Any) -> dict:
     """The SFTConfig arguments of a preset's warm start: assistant-only loss on chats with tool calls; a small
-    ``model`` (a name or a loaded model, ``choices.small_model``) gets the preset's ``small_sft_*``."""
+    ``model`` (a name or a loaded model, ``choices.small_model``) gets the preset's ``small_sft_*``, a pretrained one
+    on a preset made for the tiny model its ``pretrained_sft_*`` (``choices.pretrained``)."""
     preset = named(preset)
     kwargs = {
-        **_named_as(preset, "sft", prefix="sft_"), **_shared(preset),
+        **_named_as(preset, "sft", prefix="sft_"), **_shared(preset, model),
         "assistant_only_loss": True,  # learn the model's turns (tool calls, answers), not prompts or tool results
         "loss_type": "nll",  # Unsloth's SFT default too; TRL's is chunked_nll
         "packing": False,
@@ -144,6 +146,8 @@ def sft_kwargs(preset: Preset | str, output_dir: str = "sft-outputs", max_steps:
         kwargs.update(num_train_epochs=preset.small_sft_num_train_epochs, learning_rate=preset.small_sft_learning_rate,
                       per_device_train_batch_size=preset.small_sft_per_device_train_batch_size,
                       gradient_accumulation_steps=preset.small_sft_gradient_accumulation_steps)
+    if choices.pretrained(preset, model):
+        kwargs.update(max_steps=preset.pretrained_sft_max_steps, learning_rate=preset.pretrained_sft_learning_rate)
     if max_steps is not None:
         kwargs["max_steps"] = max_steps
     return {**kwargs, **_checkpointing(output_dir, save_steps, resume), **overrides}

@@ -85,15 +85,35 @@ def gpu_need_gb(preset: Preset | str, model_name: str | None = None, *, weights:
     return preset.gpu_need_gb_quantized if quantized else preset.gpu_need_gb
 
 
-def training_precision(preset: Preset | str, host=None) -> str:
-    """The precision ``preset`` trains in: its own, else AGENTENV_NB_PRECISION, else the card's (``host.plan``) of
-    ``host`` (a ``host.probe.Host``; None: this machine)."""
+FLOAT16_REFUSED = frozenset({"gemma2", "gemma3", "gemma3_text", "plamo2", "glm4"})
+"""Model types vLLM refuses to run in float16, for numerical instability (``_FLOAT16_NOT_SUPPORTED_MODELS`` in
+vllm/config/model.py, https://github.com/vllm-project/vllm): they train and generate in bf16, or fp32 where the card
+has no bf16 (a T4)."""
+
+
+def training_precision(preset: Preset | str, host=None, model=None) -> str:
+    """The precision ``preset`` trains ``model`` (as ``small_model`` takes it; None: any) in: its own, else
+    AGENTENV_NB_PRECISION, else the card's (``host.plan``) of ``host`` (a ``host.probe.Host``; None: this machine);
+    fp32 in place of fp16 for a family that fp16 breaks (``FLOAT16_REFUSED``), said in one line."""
     from agentenv_nb.host.plan import plan_here, precision_for
 
     preset = named(preset)
     if preset.precision != AUTO:
-        return preset.precision
-    return settings.get("precision") or precision_for(host or plan_here().host)
+        precision = preset.precision
+    else:
+        precision = settings.get("precision") or precision_for(host or plan_here().host)
+    if precision == "fp16" and model is not None and (family := _model_type(model)) in FLOAT16_REFUSED:
+        _say(f"agentenv_nb: trains in fp32, not fp16: vLLM refuses float16 for {family} models (numerical "
+             "instability), and this card has no bf16")
+        return "fp32"
+    return precision
+
+
+def _model_type(model) -> str:
+    """``model``'s ``config.model_type``: a loaded model's, or read from a folder's or a Hub id's config."""
+    from transformers import AutoConfig
+
+    return (model.config if hasattr(model, "config") else AutoConfig.from_pretrained(model)).model_type
 
 
 def torch_threads(preset: Preset | str) -> int | None:
@@ -101,9 +121,28 @@ def torch_threads(preset: Preset | str) -> int | None:
     return named(preset).torch_threads
 
 
-def full_finetuning(preset: Preset | str, stage: str) -> bool:
-    """Whether ``stage`` ("sft" or "grpo") trains every weight rather than LoRA."""
-    return stage == "sft" and named(preset).full_finetuning_sft
+def full_finetuning(preset: Preset | str, stage: str, model=None) -> bool:
+    """Whether ``stage`` ("sft" or "grpo") trains every weight of ``model`` rather than LoRA: a preset's full SFT is
+    for the tiny random model, not a pretrained one (``pretrained``)."""
+    return stage == "sft" and named(preset).full_finetuning_sft and not pretrained(preset, model)
+
+
+def pretrained(preset: Preset | str, model) -> bool:
+    """Whether ``model`` (as ``small_model`` takes it) gets ``preset``'s ``pretrained_*`` settings: at least
+    ``pretrained_from`` parameters, where the preset is made for the tiny random model."""
+    start = named(preset).pretrained_from
+    return start is not None and model is not None and vllm_sizing.parameter_count(model) >= start
+
+
+def size_problem(preset: Preset | str, model) -> str | None:
+    """Why ``preset`` can't train ``model`` (as ``small_model`` takes it) here in reasonable time, in one line that
+    says what to do; None where it can."""
+    preset = named(preset)
+    if preset.largest_model is None or (count := vllm_sizing.parameter_count(model)) <= preset.largest_model:
+        return None
+    return (f"the model has {count / 1e9:.1f}B parameters, more than the '{preset.name}' preset trains on this machine "
+            f"in reasonable time (up to {preset.largest_model / 1e9:g}B): train it on a GPU preset ('16gb' on Colab's "
+            "T4, '24gb'), or bring a smaller model")
 
 
 def small_model(preset: Preset | str, model) -> bool:

@@ -15,7 +15,7 @@ import enum
 from typing import Any
 
 # Where a setting goes; "small": what a small model gets instead, "trainer": GRPO's and SFT's
-PARTS = ("machine", "model", "lora", "grpo", "sft", "small", "trainer")
+PARTS = ("machine", "model", "lora", "grpo", "sft", "small", "pretrained", "trainer")
 
 
 def _part(name: str, default: Any) -> Any:
@@ -35,6 +35,8 @@ class Preset:
     gpu_need_gb_quantized: float = _part("machine", 17.0)  # the same with vLLM's 4-bit or fp8 weights
     gpu_need_gb_without_vllm: float = _part("machine", 13.0)  # the same generating with transformers' generate
     torch_threads: int | None = _part("machine", None)  # torch's CPU threads; None: torch's default
+    largest_model: float | None = _part("machine", None)  # parameters: a larger model is refused, in one line, as
+    # more than the machine trains in reasonable time; None: any
     precision: str = _part("machine", "auto")  # "bf16", "fp16", "fp32", or "auto": AGENTENV_NB_PRECISION, else the
     # card's (bf16 from compute capability 8.0, else fp16)
     # FastLanguageModel.from_pretrained
@@ -91,6 +93,11 @@ class Preset:
     small_temperature: float = _part("small", 0.7)  # cooler: a warm start near its greedy best learns from samples
     # near it
     small_lr_scheduler_type: str = _part("small", "constant")
+    # A pretrained model's SFT warm start on a preset made for the tiny random model (``choices.pretrained``): LoRA,
+    # not a full fine-tune, in fewer and gentler steps
+    pretrained_from: float | None = _part("pretrained", None)  # parameters; None: every model gets the settings above
+    pretrained_sft_max_steps: int = _part("pretrained", 12)  # -1: sft_num_train_epochs
+    pretrained_sft_learning_rate: float = _part("pretrained", 1e-3)  # as a small model's on a GPU (small_sft_*)
     # GRPOConfig's and SFTConfig's
     lr_scheduler_type: str = _part("trainer", "cosine")
     optim: str = _part("trainer", "adamw_torch")  # Unsloth's default: adamw_8bit. The same AdamW as TRL's fused one
@@ -115,6 +122,7 @@ PRESETS = {preset.name: preset for preset in (
            sft_per_device_train_batch_size=2, sft_gradient_accumulation_steps=8),
     Preset("cpu-tiny", gpu_gb=None, gpu_need_gb=0.0, gpu_need_gb_quantized=0.0, gpu_need_gb_without_vllm=0.0,
            torch_threads=1,  # its small CPU host also runs the envs and their server, which more threads spin against
+           largest_model=1e9,
            load_in_4bit=False, max_seq_length=1024, dtype="float32", vllm=False,
            gradient_checkpointing=False,
            full_finetuning_sft=True,  # LoRA over a random model's frozen embeddings can't teach it a tool call
@@ -127,7 +135,8 @@ PRESETS = {preset.name: preset for preset in (
            # 200 steps of two conversations: the expert's 16 demonstrations 25 times over, as a CPU's cost is per
            # conversation, batched or not
            sft_max_steps=200, sft_per_device_train_batch_size=2, sft_gradient_accumulation_steps=1,
-           sft_learning_rate=3e-3, sft_warmup_steps=0, sft_max_length=1024, small_model_below=None),
+           sft_learning_rate=3e-3, sft_warmup_steps=0, sft_max_length=1024, small_model_below=None,
+           pretrained_from=1e7),  # the tiny model has under a million parameters; SmolLM2-135M, Gemma 3 270M are real
 )}
 
 AUTO = "auto"  # the preset that fits this host's card
@@ -151,7 +160,7 @@ def table(preset: Preset | str, config=None, model=None):
     """Every setting of ``preset`` by part, as a pandas DataFrame; with a GRPOConfig built from it (``grpo_config``),
     also what that config holds of each GRPO setting (enums by value): the run's own arguments, such as
     ``max_steps``, show there; with the model ``loading.load_model`` loaded, what it was loaded as (``load_in_4bit``,
-    ``vllm``), which the card's choice of vLLM's weights decides."""
+    ``vllm``), which the card's choice of vLLM's weights decides, and the precision it trains in (its family's)."""
     import pandas as pd
 
     preset = named(preset)
@@ -161,10 +170,11 @@ def table(preset: Preset | str, config=None, model=None):
     held = {} if config is None else {row[1]: getattr(config, row[1], "") for row in rows
                                       if row[0] in ("grpo", "trainer")}
     if model is not None:
+        from agentenv_nb.train.presets.choices import training_precision
         from agentenv_nb.train.rollout import generator
 
         held.update(load_in_4bit=any(type(module).__name__ == "Linear4bit" for module in model.modules()),
-                    vllm=generator(model) == "vllm")
+                    vllm=generator(model) == "vllm", precision=training_precision(preset, model=model))
     columns = ["part", "setting", "preset"]
     if config is not None or model is not None:
         columns.append("config")

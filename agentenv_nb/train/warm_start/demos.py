@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from agentenv_nb.tasks.adapters import Expert
 from agentenv_nb.train import presets
 from agentenv_nb.train.rollout import Rollout, call_tools, environment_for, play, tool_methods
+from agentenv_nb.train.warm_start import learnable
 
 
 def expert_demonstrations(expert: Expert, factory: Callable, rows: Iterable[dict],
@@ -80,16 +81,20 @@ def top_fraction(rollouts: Iterable[Rollout], fraction: float, seed: int = 0, ab
     return kept
 
 
-def sft_dataset(rollouts: Iterable[Rollout]):
+def sft_dataset(rollouts: Iterable[Rollout], tokenizer=None, preset: presets.Preset | str = "", model=None):
     """A conversational SFT set (``messages`` and ``tools`` columns, as TRL's SFTTrainer reads them). Tool-call
     arguments and the tools are kept as JSON text, which the chat template and TRL read as is: Arrow would
-    otherwise merge them into one struct each and hand every call and schema the others' keys as nulls."""
+    otherwise merge them into one struct each and hand every call and schema the others' keys as nulls. With
+    ``tokenizer`` (and ``preset``, ``model`` as ``presets.sft_config`` takes them), only the rows SFT can learn from
+    there, what was lost said in one line, and ``Stop`` where too few are left (``learnable.sft_set``)."""
     from datasets import Dataset
 
     rows = [{"messages": [_arguments_as_text(m) for m in r["messages"]], "tools": json.dumps(r["tools"])}
             for r in rollouts]
     if not rows:
         raise ValueError("no rollouts to learn from: none was kept (check the rewards, or keep a larger fraction)")
+    if tokenizer is not None:
+        rows = learnable.sft_set(rows, tokenizer, preset, model)
     return Dataset.from_list(rows)
 
 
@@ -120,6 +125,7 @@ def self_distill_round(model, tokenizer, env, preset: presets.Preset | str, outp
     if not kept:  # a weak model on verifiers without partial credit: nothing of its own to learn from this round
         print(f"none of the model's {len(rollouts)} rollouts scored above 0, so this round fine-tunes nothing")
         return rollouts, kept
-    fit(SFTTrainer(model=model, processing_class=tokenizer, train_dataset=sft_dataset(kept), callbacks=callbacks,
-                   args=presets.sft_config(preset, output_dir=output_dir, max_steps=max_steps)))
+    fit(SFTTrainer(model=model, processing_class=tokenizer, train_dataset=sft_dataset(kept, tokenizer, preset, model),
+                   callbacks=callbacks, args=presets.sft_config(preset, output_dir=output_dir, max_steps=max_steps,
+                                                                model=model)))
     return rollouts, kept

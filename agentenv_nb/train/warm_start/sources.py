@@ -21,9 +21,10 @@ from agentenv_nb.train.warm_start.user_demos import read_demonstrations
 
 EXPERT, DEMONSTRATIONS, SELF_DISTILLATION = "expert", "demonstrations", "self-distillation"
 TOOL_CALL_RATE = 0.5  # the share of eval tasks with a tool call below which the warm start didn't learn the tools
-TINY_CANT = ("expected of the tiny CPU model: a random model this small learns the form of a tool call from the "
-             "demonstrations, not the answers, so where the verifiers give no partial credit it scores 0 on the CPU. "
-             "The warm start is saved and the run goes on; on a GPU preset this stops the run")
+TINY_CANT = ("expected on the CPU preset: the tiny random model, or a real one in the few SFT steps a CPU takes, learns "
+             "the form of a tool call from the demonstrations, not the answers, so where the verifiers give no partial "
+             "credit it scores 0 on the CPU. The warm start is saved and the run goes on; on a GPU preset this stops "
+             "the run")
 
 
 @dataclass
@@ -37,7 +38,8 @@ class WarmStart:
 
     def sft_dataset(self, model, tokenizer, env, preset: presets.Preset | str, *, samples: int = 2,
                     fraction: float = 0.5, **play_kwargs):
-        """TRL's SFT set of the demonstrations. For self-distillation they are played first: each train task
+        """TRL's SFT set of the demonstrations that ``model`` can learn from at ``preset``'s SFT length (``Stop``, in
+        one line, where too few can: ``learnable``). For self-distillation they are played first: each train task
         ``samples`` times at the preset's GRPO temperature, the top ``fraction`` of those scoring above 0 kept."""
         if self.source == SELF_DISTILLATION:
             rollouts, self.demonstrations = demo_data.best_rollouts(model, tokenizer, env, preset, fraction=fraction,
@@ -45,7 +47,7 @@ class WarmStart:
             if not self.demonstrations:
                 raise ValueError(f"none of the model's {len(rollouts)} rollouts of the train tasks scored above 0, so "
                                  "it has nothing of its own to learn from: give DEMOS, a JSONL of demonstrations")
-        return demo_data.sft_dataset(self.demonstrations)
+        return demo_data.sft_dataset(self.demonstrations, tokenizer, preset, model)
 
 
 def choose(bundle: str | Path, env, demos: str | Path = "") -> WarmStart:
