@@ -73,8 +73,7 @@ class _LibraryPrints(io.TextIOBase):
 
     def flush(self) -> None:
         self.console.flush()
-        if not self.log.closed:  # collected after the block (a library kept it), it is flushed once more as it closes
-            self.log.flush()
+        self.log.flush()  # the log while its block runs, then sys.stderr (_LogWhileOpen)
 
     # as the console, to code that asks (tqdm, a subprocess given sys.stdout)
     @property
