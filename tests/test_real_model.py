@@ -61,6 +61,7 @@ def test_gguf_model_loads_plays_and_trains_a_step(gguf, tmp_path, capsys):
     assert "converted" not in capsys.readouterr().out
 
 
+@pytest.mark.long  # 687 s on two shared cores: CI leaves it out (pyproject.toml's markers)
 def test_gemma_from_its_gguf_learns_a_call_trl_parses_and_trains_a_grpo_step(tmp_path, capsys):
     """Gemma 3 270M, a family TRL parses no tool calls of, loaded from its GGUF file (a base model: no chat template):
     its tokenizer reads text as the model was trained to, it gets a plain User:/Assistant: tool template that passes
