@@ -109,11 +109,17 @@ def training_precision(preset: Preset | str, host=None, model=None) -> str:
     return precision
 
 
-def _model_type(model) -> str:
-    """``model``'s ``config.model_type``: a loaded model's, or read from a folder's or a Hub id's config."""
+def _model_type(model) -> str | None:
+    """``model``'s ``config.model_type``: a loaded model's, or read from a folder's or a Hub id's config; None where
+    no config can be read (no such model, or no network to the Hub): the load that follows says why."""
     from transformers import AutoConfig
 
-    return (model.config if hasattr(model, "config") else AutoConfig.from_pretrained(model)).model_type
+    if hasattr(model, "config"):
+        return model.config.model_type
+    try:
+        return AutoConfig.from_pretrained(model).model_type
+    except (OSError, ValueError):
+        return None
 
 
 def torch_threads(preset: Preset | str) -> int | None:
