@@ -19,8 +19,9 @@ from agentenv_nb.train.presets.arguments import (async_grpo_config, async_grpo_k
                                                  grpo_temperature, model_kwargs, peft_kwargs, sft_config, sft_kwargs,
                                                  trainer_config, TRAINERS)
 from agentenv_nb.train.presets.choices import (fast_inference, full_finetuning, gpu_need_gb, pretrained, size_problem,
-                                               small_model, torch_threads, training_precision, vllm_weights)
-from agentenv_nb.train.presets.recipes import AUTO, PARTS, PRESETS, Preset, differences, named, table
+                                               small_model, table, torch_threads, training_precision,
+                                               vllm_weights)
+from agentenv_nb.train.presets.recipes import AUTO, PARTS, PRESETS, Preset, differences, named
 
 __all__ = ["AUTO", "PARTS", "PRESETS", "Preset", "async_grpo_config", "async_grpo_kwargs", "differences",
            "fast_inference", "full_finetuning", "gpu_need_gb", "grpo_config", "grpo_kwargs", "grpo_temperature",

@@ -2,7 +2,7 @@
 vLLM generates here (``fast_inference``), the precision of its weights (``vllm_weights``: as the model loads and as
 preflight counts the memory), the GPU memory the run needs (``gpu_need_gb``), the training precision, torch's threads,
 what trains in full, and whether a model gets the preset's small-model settings (``small_model``: for SFT and GRPO
-alike).
+alike); and the preset's settings as a table, with what a run's config and model became (``table``).
 
     presets.vllm_weights("24gb", "unsloth/Qwen3-4B")   # "16bit" on an L4: its weights and a step's KV cache fit
     presets.gpu_need_gb("24gb", "unsloth/Qwen3-4B")    # the GB free the GRPO run needs here
@@ -11,12 +11,14 @@ alike).
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import functools
 
 from agentenv_nb import settings
 from agentenv_nb.stack import vllm_available
 from agentenv_nb.train.model import vllm_sizing
-from agentenv_nb.train.presets.recipes import AUTO, Preset, named
+from agentenv_nb.train.presets.recipes import AUTO, PARTS, Preset, named
 
 
 @functools.cache
@@ -157,3 +159,31 @@ def small_model(preset: Preset | str, model) -> bool:
     so a loaded model's SFT and its saved folder's GRPO decide alike, whatever LoRA or 4-bit packing it holds."""
     below = named(preset).small_model_below
     return bool(below) and model is not None and vllm_sizing.parameter_count(model) < below
+
+
+def table(preset: Preset | str, config=None, model=None):
+    """Every setting of ``preset`` by part, as a pandas DataFrame; with a GRPOConfig built from it (``grpo_config``),
+    also what that config holds of each GRPO setting (enums by value): the run's own arguments, such as
+    ``max_steps``, show there; with the model ``loading.load_model`` loaded, what it was loaded as (``load_in_4bit``,
+    ``vllm``), which the card's choice of vLLM's weights decides, and the precision it trains in (its family's)."""
+    import pandas as pd
+
+    preset = named(preset)
+    rows = sorted(([field.metadata["part"], field.name, getattr(preset, field.name)]
+                   for field in dataclasses.fields(preset) if "part" in field.metadata),
+                  key=lambda row: PARTS.index(row[0]))
+    held = {} if config is None else {row[1]: getattr(config, row[1], "") for row in rows
+                                      if row[0] in ("grpo", "trainer")}
+    if model is not None:
+        from agentenv_nb.train.rollout import generator
+
+        held.update(load_in_4bit=any(type(module).__name__ == "Linear4bit" for module in model.modules()),
+                    vllm=generator(model) == "vllm", precision=training_precision(preset, model=model))
+    columns = ["part", "setting", "preset"]
+    if config is not None or model is not None:
+        columns.append("config")
+        for row in rows:
+            value = held.get(row[1], "")
+            row.append(value.value if isinstance(value, enum.Enum) else value)
+    # the preset's name in the header row's corner, above the settings: an index name would get a header row of its own
+    return pd.DataFrame(rows, columns=columns).set_index("setting").rename_axis(index=None, columns=preset.name)

@@ -1,5 +1,5 @@
 """The presets as data: one frozen ``Preset`` a hardware target, in one table, ``PRESETS``, that a user lists
-(``table``), compares (``differences``) and copies with changes (``dataclasses.replace``).
+(``choices.table``), compares (``differences``) and copies with changes (``dataclasses.replace``).
 
 ``"24gb"`` is the Unsloth GridSim recipe (https://www.agentenvframework.com/docs/training/unsloth) on a 24 GB GPU, and
 ``Preset``'s defaults are its settings; ``"16bit"`` is the same in 16-bit LoRA on a 48 GB card (an L40S), ``"16gb"``
@@ -11,7 +11,6 @@ the tiny offline model on a CPU (only: on a GPU, Unsloth turns bf16 autocast on 
 from __future__ import annotations
 
 import dataclasses
-import enum
 from typing import Any
 
 # Where a setting goes; "small": what a small model gets instead, "trainer": GRPO's and SFT's
@@ -154,35 +153,6 @@ def named(preset: Preset | str) -> Preset:
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {(AUTO, *PRESETS)}, or pass a Preset")
     return PRESETS[preset]
-
-
-def table(preset: Preset | str, config=None, model=None):
-    """Every setting of ``preset`` by part, as a pandas DataFrame; with a GRPOConfig built from it (``grpo_config``),
-    also what that config holds of each GRPO setting (enums by value): the run's own arguments, such as
-    ``max_steps``, show there; with the model ``loading.load_model`` loaded, what it was loaded as (``load_in_4bit``,
-    ``vllm``), which the card's choice of vLLM's weights decides, and the precision it trains in (its family's)."""
-    import pandas as pd
-
-    preset = named(preset)
-    rows = sorted(([field.metadata["part"], field.name, getattr(preset, field.name)]
-                   for field in dataclasses.fields(preset) if "part" in field.metadata),
-                  key=lambda row: PARTS.index(row[0]))
-    held = {} if config is None else {row[1]: getattr(config, row[1], "") for row in rows
-                                      if row[0] in ("grpo", "trainer")}
-    if model is not None:
-        from agentenv_nb.train.presets.choices import training_precision
-        from agentenv_nb.train.rollout import generator
-
-        held.update(load_in_4bit=any(type(module).__name__ == "Linear4bit" for module in model.modules()),
-                    vllm=generator(model) == "vllm", precision=training_precision(preset, model=model))
-    columns = ["part", "setting", "preset"]
-    if config is not None or model is not None:
-        columns.append("config")
-        for row in rows:
-            value = held.get(row[1], "")
-            row.append(value.value if isinstance(value, enum.Enum) else value)
-    # the preset's name in the header row's corner, above the settings: an index name would get a header row of its own
-    return pd.DataFrame(rows, columns=columns).set_index("setting").rename_axis(index=None, columns=preset.name)
 
 
 def differences(a: Preset | str, b: Preset | str) -> dict[str, tuple]:
