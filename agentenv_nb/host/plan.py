@@ -18,7 +18,7 @@ import dataclasses
 import functools
 
 from agentenv_nb.host.probe import Host, version_text
-from agentenv_nb.host.stacks import KEEP, STACKS, Stack, for_runtime_torch
+from agentenv_nb.host.stacks import KEEP, STACKS, VLLM_FOR_TORCH, Stack, for_runtime_torch
 
 VLLM_FROM = (8, 0)  # vLLM's recent builds need Ampere or newer on this stack's path (Unsloth pins an old one on T4s)
 UNSLOTH_FROM = (7, 0)  # Unsloth's kernels: Volta and newer
@@ -142,7 +142,7 @@ def plan_for(host: Host) -> Plan:
     preset = preset_for(host)
     if gpu.capability >= VLLM_FROM:
         if (keeping := for_runtime_torch(host.torch, host.torch_cuda)) and _torch_kept(host):
-            vllm = keeping.changes["vllm"].split("==")[1]
+            vllm = VLLM_FOR_TORCH[keeping.keeps_torch]
             return Plan(host, keeping, preset, "vllm", "bf16",
                         f"vLLM {vllm} is built for its torch {host.torch}, which runs on this driver: the runtime's "
                         "torch stays, and nothing of it (torch, triton, NCCL, cuDNN) is downloaded again")
