@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -50,12 +51,35 @@ def command(args, run_dir: Path, steps: int, settings: list[str]) -> dict:
     stop, gpu = threading.Event(), {}
     threading.Thread(target=own_gpu_mib, args=(stop, gpu), daemon=True).start()
     start = time.perf_counter()
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=args.timeout_s)
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = process.communicate(timeout=args.timeout_s)
+        timed_out = False
+    except subprocess.TimeoutExpired:  # where it hangs, each of its processes' Python stacks, then stopped
+        Path(f"{run_dir}.stacks.txt").write_text(stacks(process.pid))
+        process.kill()
+        stdout, stderr = process.communicate()
+        timed_out = True
     seconds = time.perf_counter() - start
     stop.set()
-    Path(f"{run_dir}.log").write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
-    return {"exit": done.returncode, "seconds": round(seconds, 1), "stdout": done.stdout, "stderr": done.stderr,
-            "nvidia_smi_peak_gib": gpu.get("mib", 0) / 1024}
+    Path(f"{run_dir}.log").write_text(stdout + "\n--- stderr ---\n" + stderr)
+    return {"exit": process.returncode, "seconds": round(seconds, 1), "timed_out": timed_out, "stdout": stdout,
+            "stderr": stderr, "nvidia_smi_peak_gib": gpu.get("mib", 0) / 1024}
+
+
+def stacks(pid: int) -> str:
+    """py-spy's dump of ``pid`` and its children (the stack carries py-spy, bench/gpu_machine.toml's ``extra``: its
+    program in bin/ of the stack's folder on the path, where bench/gpu_stack.py puts wheels' scripts)."""
+    import psutil
+
+    spy = next((str(Path(p) / "bin" / "py-spy") for p in sys.path if (Path(p) / "bin" / "py-spy").exists()),
+               shutil.which("py-spy"))
+    if spy is None:
+        return "py-spy is not installed: no stacks"
+    pids = [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
+    dumps = [subprocess.run([spy, "dump", "--pid", str(each)], capture_output=True, text=True, timeout=60)
+             for each in pids]
+    return "\n".join(f"--- pid {each}\n{dump.stdout}{dump.stderr}" for each, dump in zip(pids, dumps))
 
 
 def fits(args) -> dict:
@@ -86,7 +110,8 @@ def planted(args) -> dict:
     ran = command(args, run_dir, args.steps, args.planted)
     lines = [line for line in ran["stdout"].splitlines() + ran["stderr"].splitlines() if "doesn't fit" in line]
     trained = (run_dir / "grpo" / "trainer_state.json").exists() or any((run_dir / "grpo").glob("checkpoint-*"))
-    return {"settings": args.planted, "exit": ran["exit"], "seconds": ran["seconds"], "line": lines[-1] if lines
+    return {"settings": args.planted, "exit": ran["exit"], "seconds": ran["seconds"], "timed_out": ran["timed_out"],
+            "line": lines[-1] if lines
             else None, "trained_a_step": trained, "stopped_before_step_1": ran["exit"] == 2 and bool(lines)
             and not trained, "traceback": "Traceback" in ran["stderr"] + ran["stdout"],
             "stderr_tail": "" if lines else ran["stderr"][-3000:]}
