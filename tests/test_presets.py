@@ -155,7 +155,9 @@ def test_grpo_on_a_small_model_gets_its_measured_settings_counted_from_the_model
     assert grpo(presets.grpo_kwargs("24gb")) == (2e-5, 1.1, "cosine")  # the recipe's, for a model not named
     assert presets.grpo_temperature("24gb", tiny_model) == 0.7 and presets.grpo_temperature("24gb") == 1.1
     assert presets.grpo_kwargs("24gb", model_name=tiny_model, learning_rate=3e-5)["learning_rate"] == 3e-5  # --set
-    assert presets.grpo_kwargs("cpu-tiny", model_name=tiny_model)["learning_rate"] == 3e-4  # no small settings there
+    # no small settings there: its own rate, the small model's
+    assert presets.grpo_kwargs("cpu-tiny", model_name=tiny_model)["learning_rate"] == presets.PRESETS[
+        "cpu-tiny"].learning_rate == presets.PRESETS["24gb"].small_learning_rate
     big = dataclasses.replace(presets.PRESETS["24gb"], small_model_below=1_000)
     assert grpo(presets.grpo_kwargs(big, model_name=tiny_model)) == (2e-5, 1.1, "cosine")
 

@@ -139,6 +139,8 @@ HEALTHY = {"loss": 0.01, "reward": 0.5, "frac_reward_zero_std": 0.25, "completio
 @pytest.mark.parametrize("rule, logs, words", [
     ("reward up, eval down", [{"eval_reward": 0.6}, HEALTHY, {**HEALTHY, "reward": 0.7}, {"eval_reward": 0.5},
                               {**HEALTHY, "reward": 0.8}, {"eval_reward": 0.4}], "train reward rose"),
+    ("eval reward fell", [{"eval_reward": 0.301}, HEALTHY, {**HEALTHY, "reward": 0.1}, {**HEALTHY, "reward": 0.0},
+                          {"eval_reward": 0.0}], "lost 100% of what it was at the start"),  # the tiny demo's fall
     ("length drift", [HEALTHY, {**HEALTHY, "completions/mean_length": 500.0},
                       {**HEALTHY, "completions/mean_length": 700.0}, {**HEALTHY, "completions/mean_length": 800}],
      "2.3x longer or shorter"),
@@ -146,7 +148,7 @@ HEALTHY = {"loss": 0.01, "reward": 0.5, "frac_reward_zero_std": 0.25, "completio
                        {**HEALTHY, "tools/call_frequency": 0.0}], "calls 0.00 tools a rollout"),
     ("above the optimum", [HEALTHY, {**HEALTHY, "reward": 1.2}, {**HEALTHY, "reward": 1.3}],
      "above the task's known optimum 1.000"),
-], ids=["eval", "length", "tools", "optimum"])
+], ids=["eval", "eval fell", "length", "tools", "optimum"])
 def test_trends_are_said_once_when_crossed(rule, logs, words, capsys, tmp_path):
     health = HealthCheck(optimum=1.0)  # GridSim's: its exact optimum scores 1.0 on every day
     drive(health, logs, tmp_path)
@@ -157,5 +159,6 @@ def test_trends_are_said_once_when_crossed(rule, logs, words, capsys, tmp_path):
 
 def test_healthy_logs_and_a_run_without_an_optimum_say_nothing(tmp_path):
     health = HealthCheck()
-    drive(health, [HEALTHY, {"eval_reward": 0.5}, {**HEALTHY, "reward": 1.5}, {"eval_reward": 0.55}, HEALTHY], tmp_path)
+    drive(health, [HEALTHY, {"eval_reward": 0.5}, {**HEALTHY, "reward": 1.5}, {"eval_reward": 0.55}, HEALTHY,
+                   {"eval_reward": 0.3}], tmp_path)  # a fall of 40%: a small sampled eval swings that far
     assert health.said == []

@@ -57,6 +57,15 @@ def reward_up_eval_down(rows: Rows) -> float | None:
     return min(sum(recent) / len(recent) - rewards[0], evals[0] - evals[-1])
 
 
+def eval_fall(rows: Rows) -> float | None:
+    """The share of the first eval reward lost since: 1.0 where the eval reward fell to zero; none before a second
+    eval, nor from a first of zero."""
+    evals = _series(rows, "eval_reward")
+    if len(evals) < 2 or evals[0] <= 0:
+        return None
+    return 1 - evals[-1] / evals[0]
+
+
 def length_drift(rows: Rows) -> float | None:
     """How many times longer (or shorter) the completions are than at the first step."""
     lengths = _series(rows, "completions/mean_length")
@@ -109,6 +118,10 @@ RULES = (
     Rule("reward up, eval down", reward_up_eval_down, 0.05,
          "the train reward rose while the eval reward fell (both by {value:.2f} or more)",
          "the model may be gaming the reward or overfitting the train split: read the best rollouts"),
+    Rule("eval reward fell", eval_fall, 0.9,
+         "the eval reward lost {value:.0%} of what it was at the start",
+         "the updates undo what the model knew at the start (its warm start): lower the learning rate, to a third "
+         "of it or less"),
     Rule("length drift", length_drift, 2.0,
          "completions are {value:.1f}x longer or shorter than at the first step",
          "read a rollout: rambling or truncated answers; a lower learning rate or max_completion_length holds it"),

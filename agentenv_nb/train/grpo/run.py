@@ -57,7 +57,7 @@ class GRPORun:
                                        opens="the training, over the preset's")
     learning_rate: float | None = _parameter(None, "the optimizer's peak learning rate, lower where the reward "
                                                    "swings or the tools are dropped; unset: the preset's (2e-05; a "
-                                                   "model under 1B parameters 0.0001; 'cpu-tiny' 0.0003)")
+                                                   "model under 1B parameters and 'cpu-tiny' 0.0001)")
     temperature: float | None = _parameter(None, "the rollouts' sampling temperature, higher where a group's "
                                                  "rollouts score alike; unset: the preset's (1.1; a model under 1B "
                                                  "parameters 0.7; 'cpu-tiny' 0.8)")

@@ -128,8 +128,9 @@ PRESETS = {preset.name: preset for preset in (
            max_steps=4, per_device_train_batch_size=4, gradient_accumulation_steps=2, num_generations=4,  # 2 x 4
            generation_parts_without_vllm=1,
            max_completion_length=512,  # the whole GridSim conversation: two tool calls, their prices, and end_turn
-           # cooler and slower than the recipe: the tiny warm start's groups keep a spread, and GRPO doesn't undo it
-           temperature=0.8, learning_rate=3e-4, warmup_steps=0, eval_steps=None, per_device_eval_batch_size=4,
+           # cooler than the recipe: the tiny warm start's groups keep a spread; a small model's learning rate: 3e-4
+           # undid the warm start on some CPUs (bench/results/tiny_demo_scores_2026-12-06.json)
+           temperature=0.8, learning_rate=1e-4, warmup_steps=0, eval_steps=None, per_device_eval_batch_size=4,
            precision="fp32",
            # 200 steps of two conversations: the expert's 16 demonstrations 25 times over, as a CPU's cost is per
            # conversation, batched or not
