@@ -162,3 +162,28 @@ def test_healthy_logs_and_a_run_without_an_optimum_say_nothing(tmp_path):
     drive(health, [HEALTHY, {"eval_reward": 0.5}, {**HEALTHY, "reward": 1.5}, {"eval_reward": 0.55}, HEALTHY,
                    {"eval_reward": 0.3}], tmp_path)  # a fall of 40%: a small sampled eval swings that far
     assert health.said == []
+
+
+def test_an_eval_left_unscored_is_said_with_why(tmp_path):
+    """A slow model's eval whose env sessions all closed idle, as a CPU run of Gemma 3 270M's did: the eval's
+    unscored rollouts are said, with the error that left them so and the limit to raise."""
+    from types import SimpleNamespace
+
+    from agentenv_nb.client.metrics import ScoreLog
+
+    scores = ScoreLog()
+    health = HealthCheck(scores=scores)
+    handler = CallbackHandler([scores, health], SimpleNamespace(training=False), None, None, None)  # an eval's mode
+    args, state, control = TrainingArguments(output_dir=str(tmp_path), report_to="none"), TrainerState(), \
+        TrainerControl()
+    handler.on_init_end(args, state, control)
+    idle = ("get_prices: the connection to ws://127.0.0.1:38301/ws closed (received 4408 (private use) idle for "
+            "600 s (AGENTENV_NB_IDLE_TIMEOUT))")
+    for _ in range(8):
+        scores.record("gridsim-tiny", None, rollout={"task_id": "eval-0001", "messages": [], "reward": None,
+                                                     "scores": {}, "error": idle})
+    state.global_step = 4
+    handler.on_log(args, state, control, {"eval_reward": float("nan"), "eval_loss": 0.0})
+    line = assert_said_once(health, "unscored rollouts")
+    assert "100% of rollouts were left unscored, most often: get_prices: the connection" in line
+    assert "raise AGENTENV_NB_IDLE_TIMEOUT" in line

@@ -33,8 +33,9 @@ class ScoreLog(TrainerCallback):
 
     Each log's training rollouts, their transcripts (the prompt, each tool call and its result, the reply) and
     scores, go to ``<output_dir>/rollouts/step-<N>.jsonl`` (``notebook.transcript.best_and_worst`` reads them).
-    ``tool_failures`` counts each (tool, error) of a tool call that failed on the server, which the run's health line
-    (``train.health``) names.
+    ``tool_failures`` counts each (tool, error) of a tool call that failed on the server, and ``unscored_errors``
+    each error that left a rollout unscored (a session closed idle, a turn out of time), which the run's health lines
+    (``train.health``) name.
 
     It writes into the log the callbacks after it see, and ``trainer.state.log_history``. transformers puts the
     ``report_to`` integrations before any callback passed in; ``agentenv_nb.train.fit`` moves this one first, so
@@ -45,6 +46,7 @@ class ScoreLog(TrainerCallback):
         self._model = None
         self._lock = threading.Lock()  # environments record from the threads that play them
         self.tool_failures: Counter[tuple[str, str]] = Counter()  # (tool, error): how often, the whole run
+        self.unscored_errors: Counter[str] = Counter()  # why rollouts were left unscored: how often, the whole run
         self._rollouts: list[dict] = []  # the training rollouts since the last log
 
     def record(self, environment: str, scores: dict[str, float] | None, rollout: dict | None = None) -> None:
@@ -56,13 +58,15 @@ class ScoreLog(TrainerCallback):
                 self._rollouts.append(rollout)
             pending = self._pending[mode]
             pending[f"scores/{environment}/unscored"].append(float(scores is None))
+            if scores is None:
+                self.unscored_errors[_first_line((rollout or {}).get("error"))] += 1
             for step, score in (scores or {}).items():
                 pending[f"scores/{environment}/{step}/mean"].append(float(score))
 
     def record_failure(self, tool: str, error: str) -> None:
         """One failed tool call: the tool and its error, which the run's health line names."""
         with self._lock:
-            self.tool_failures[tool, error.splitlines()[0][:200] if error else "no message"] += 1
+            self.tool_failures[tool, _first_line(error)] += 1
 
     def discard(self) -> None:
         """Forget what was recorded since the last log, and the tool failures: a trial step's, which is no step."""
@@ -71,6 +75,7 @@ class ScoreLog(TrainerCallback):
                 pending.clear()
             self._rollouts.clear()
             self.tool_failures.clear()
+            self.unscored_errors.clear()
 
     def on_init_end(self, args, state, control, model=None, **kwargs):
         self._model = model
@@ -95,3 +100,7 @@ class ScoreLog(TrainerCallback):
         logs.update(metrics)
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
             state.log_history[-1].update(metrics)
+
+
+def _first_line(error: str | None) -> str:
+    return error.splitlines()[0][:200] if error else "no message"

@@ -41,9 +41,10 @@ def _series(rows: Rows, key: str) -> list[float]:
 
 
 def unscored(rows: Rows) -> float | None:
-    """The share of the last log's rollouts left unscored, the worst bundle's (``ScoreLog``'s metric)."""
+    """The share of the last log's rollouts left unscored, training's or an eval's, the worst bundle's
+    (``ScoreLog``'s metric)."""
     shares = [v for k, v in (rows[-1] if rows else {}).items()
-              if k.startswith("scores/") and k.endswith("/unscored") and not math.isnan(v)]
+              if k.startswith(("scores/", "eval_scores/")) and k.endswith("/unscored") and not math.isnan(v)]
     return max(shares) if shares else None
 
 
@@ -113,8 +114,10 @@ RULES = (
          "{value:.2f} failed tool calls a rollout{failure}",
          "read the tool's error: a wrong argument is the model's to learn; an error of the env is the bundle's to fix"),
     Rule("unscored rollouts", unscored, 0.1,
-         "{value:.0%} of rollouts were left unscored (the episode ended without a score; the library log says why)",
-         "these rollouts train nothing: check the env and its verifier play a task end to end"),
+         "{value:.0%} of rollouts were left unscored{unscored}",
+         "these rollouts train and measure nothing. Where a session closed idle or a turn ran out of time, the model "
+         "generates slower than the env allows: raise AGENTENV_NB_IDLE_TIMEOUT, lower max_completion_length, or "
+         "train on a GPU; otherwise check the env and its verifier play a task end to end"),
     Rule("reward up, eval down", reward_up_eval_down, 0.05,
          "the train reward rose while the eval reward fell (both by {value:.2f} or more)",
          "the model may be gaming the reward or overfitting the train split: read the best rollouts"),
@@ -159,7 +162,8 @@ class HealthCheck(TrainerCallback):
             if not state.is_world_process_zero:  # the ranks of a multi-GPU run log alike: the main one says it
                 continue
             line = (f"health, step {state.global_step}: {rule.name}: "
-                    + rule.says.format(value=value, optimum=self.optimum or 0.0, failure=self._failure())
+                    + rule.says.format(value=value, optimum=self.optimum or 0.0, failure=self._failure(),
+                                       unscored=self._unscored())
                     + f". {rule.advice[0].upper()}{rule.advice[1:]}.")
             self.say(line)
             if args is not None:
@@ -176,6 +180,13 @@ class HealthCheck(TrainerCallback):
             return ""
         (tool, error), _ = failures.most_common(1)[0]
         return f", most often {tool}: {error}"
+
+    def _unscored(self) -> str:
+        """ ", most often: <error>" where the run's ScoreLog saw why a rollout was left unscored, else nothing."""
+        errors = self.scores.unscored_errors if self.scores is not None else None
+        if not errors:
+            return " (the episode ended without a score; the library log says why)"
+        return f", most often: {errors.most_common(1)[0][0]}"
 
     def say(self, line: str) -> None:
         self.said.append(line)
