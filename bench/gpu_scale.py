@@ -46,8 +46,8 @@ def worker(argv: list[str]) -> int:
 
     from agentenv_nb.train import presets
     from agentenv_nb.train.grpo import command
-    from agentenv_nb.train.model import vllm_sizing
-    from agentenv_nb.train.model.vllm_sizing import this_gpu
+    from agentenv_nb.train.presets import vllm_sizing
+    from agentenv_nb.train.presets.vllm_sizing import this_gpu
 
     args = command.parser().parse_args(argv)
     kwargs = presets.grpo_kwargs(args.preset, **dict(args.overrides))

@@ -15,7 +15,7 @@ import torch
 from agentenv_nb.stack import import_unsloth
 from agentenv_nb.train import presets
 from agentenv_nb.train.grpo import launch
-from agentenv_nb.train.model import vllm_sizing
+from agentenv_nb.train.presets import vllm_sizing
 
 H200, H100 = 139.8e9, 79.6e9
 

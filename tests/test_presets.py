@@ -118,7 +118,7 @@ def test_vllm_is_sized_to_the_memory_a_run_may_use(monkeypatch):
     """vLLM's gpu_memory_utilization is a share of the whole card: the recipe's half is taken of what the run may
     use (a cap, AGENTENV_NB_GPU_MEMORY_GB), at most the preset's own card, then turned into a share of the card."""
     from agentenv_nb import settings
-    from agentenv_nb.train.model.vllm_sizing import gpu_memory_utilization as share
+    from agentenv_nb.train.presets.vllm_sizing import gpu_memory_utilization as share
 
     recipe = presets.PRESETS["24gb"]
     h200, l4, made_for = 150.1e9, 23.6e9, recipe.gpu_gb * 1e9
@@ -166,7 +166,7 @@ def test_the_sft_of_a_loaded_model_and_the_grpo_of_its_folder_agree_on_whether_i
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from agentenv_nb.train.model import vllm_sizing
+    from agentenv_nb.train.presets import vllm_sizing
 
     recipe = presets.PRESETS["24gb"]
     loaded = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model),

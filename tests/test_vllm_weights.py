@@ -8,7 +8,7 @@ import pytest
 
 from agentenv_nb.stack import import_unsloth
 from agentenv_nb.train import presets
-from agentenv_nb.train.model import vllm_sizing
+from agentenv_nb.train.presets import vllm_sizing
 
 QWEN3_4B_16BIT, QWEN3_8B_16BIT = 8.04e9, 16.4e9  # 4.02 B and 8.19 B parameters in 16-bit
 QWEN3_KV_STEP = 32 * 1024 * 147456  # 32 rollouts of 1,024 tokens; 36 layers x 8 KV heads x 128 x 2 x 2 bytes a token

@@ -139,7 +139,7 @@ def check(model, tokenizer, config, env, preset, force: bool = False) -> str:
     import torch
 
     if torch.cuda.is_available():
-        from agentenv_nb.train.model.vllm_sizing import gpu_memory
+        from agentenv_nb.train.presets.vllm_sizing import gpu_memory
 
         card, cap = gpu_memory()
         allowed = (cap or card) / 1e9

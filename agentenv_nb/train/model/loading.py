@@ -18,7 +18,7 @@ from agentenv_nb.library_log import to_log
 from agentenv_nb.stack import import_unsloth
 from agentenv_nb.stops import Stop
 from agentenv_nb.train import presets
-from agentenv_nb.train.model import vllm_sizing
+from agentenv_nb.train.presets import vllm_sizing
 from agentenv_nb.train.model.tool_template import use_tool_template
 
 TINY = "tiny"

@@ -17,7 +17,7 @@ import functools
 
 from agentenv_nb import settings
 from agentenv_nb.stack import vllm_available
-from agentenv_nb.train.model import vllm_sizing
+from agentenv_nb.train.presets import vllm_sizing
 from agentenv_nb.train.presets.recipes import AUTO, PARTS, Preset, named
 
 
