@@ -49,7 +49,7 @@ def worker(argv: list[str]) -> int:
     from agentenv_nb.train.presets import vllm_sizing
     from agentenv_nb.train.presets.vllm_sizing import this_gpu
 
-    args = command.parser().parse_args(argv)
+    args = command.options().parser.parse_args(argv)
     preset = presets.named(args.preset)
     kwargs = presets.grpo_kwargs(preset, **dict(args.overrides))
     cuda = torch.cuda.is_available()
