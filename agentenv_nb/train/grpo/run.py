@@ -19,7 +19,26 @@ import math
 
 from agentenv_nb.stops import Stop
 from agentenv_nb.train.naming import NOTEBOOK, Naming
+from agentenv_nb.train.presets.recipes import PRESETS
 from agentenv_nb.train.run import PRESET_HELP, Run, parameter
+
+RECIPE = PRESETS["24gb"]  # the recipe's figures, which a trainer setting's help says "unset" gives
+
+
+def _figures(setting, small: str = "") -> str:
+    """What "unset" gives for a trainer setting, from the presets themselves: ``setting`` (a field's name, or a
+    function of a preset) in the recipe, in a small model (the recipe's field ``small``), then in each preset that
+    differs from the recipe."""
+    value = setting if callable(setting) else lambda preset: getattr(preset, setting)
+    shown = [f"{value(RECIPE):g}"]
+    if small:
+        shown.append(f"a model under {RECIPE.small_model_below / 1e9:g}B parameters {getattr(RECIPE, small):g}")
+    shown += [f"'{name}' {value(preset):g}" for name, preset in PRESETS.items() if value(preset) != value(RECIPE)]
+    return f"({'; '.join(shown)})"
+
+
+def _rollouts_a_step(preset) -> int:
+    return preset.per_device_train_batch_size * preset.gradient_accumulation_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,21 +57,22 @@ class GRPORun(Run):
                                      "training is its figure)")
 
     max_steps: int | None = parameter(None, "the step to train to, more to learn more; unset: the preset's max_steps "
-                                            "(40; 'cpu-tiny' 4)",
-                                      opens="the training, over the preset's")
+                                            f"{_figures('max_steps')}", opens="the training, over the preset's")
     learning_rate: float | None = parameter(None, "the optimizer's peak learning rate, lower where the reward "
-                                                  "swings or the tools are dropped; unset: the preset's (2e-05; a "
-                                                  "model under 1B parameters 0.0001; 'cpu-tiny' 0.0003)")
+                                                  "swings or the tools are dropped; unset: the preset's "
+                                                  f"{_figures('learning_rate', small='small_learning_rate')}")
     temperature: float | None = parameter(None, "the rollouts' sampling temperature, higher where a group's "
-                                                "rollouts score alike; unset: the preset's (1.1; a model under 1B "
-                                                "parameters 0.7; 'cpu-tiny' 0.8)")
-    lora_rank: int | None = parameter(None, "LoRA's rank r, its alpha scaled with it (r32/alpha64), larger to "
-                                            "learn more, slower; unset: the preset's (32)")
+                                                "rollouts score alike; unset: the preset's "
+                                                f"{_figures('temperature', small='small_temperature')}")
+    lora_rank: int | None = parameter(None, "LoRA's rank r, its alpha scaled with it "
+                                            f"(r{RECIPE.lora_r}/alpha{RECIPE.lora_alpha}), larger to learn more, "
+                                            f"slower; unset: the preset's {_figures('lora_r')}")
     rollouts_a_step: int | None = parameter(None, "the rollouts a step trains on, a GPU's: tasks a step x "
                                                   "num_generations, fewer where a step doesn't fit the card; unset: "
-                                                  "the preset's (32; '16gb' 16; 'cpu-tiny' 8)")
+                                                  f"the preset's {_figures(_rollouts_a_step)}")
     num_generations: int | None = parameter(None, "rollouts a task, the group GRPO compares, more where a group's "
-                                                  "rollouts score alike; unset: the preset's (8; 'cpu-tiny' 4)")
+                                                  f"rollouts score alike; unset: the preset's "
+                                                  f"{_figures('num_generations')}")
     save_steps: int = parameter(5, "a checkpoint every this many steps, to resume from, lower to lose less "
                                    "to a disconnect (0: none)")
 
