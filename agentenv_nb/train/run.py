@@ -112,5 +112,5 @@ def serve(run: Run, bundle, sessions: int):
     this one (0: a thread), with the run's reward and toolsets; the train split's ``AgentEnv``."""
     from agentenv_nb import AgentEnv
 
-    return AgentEnv.local(dataclasses.replace(bundle, max_concurrent_envs=sessions), split="train",
-                          processes=run.server_processes, reward=run.reward or None, toolsets=run.toolsets)
+    return AgentEnv.local(bundle, split="train", max_concurrent_envs=sessions, processes=run.server_processes,
+                          reward=run.reward or None, toolsets=run.toolsets)
