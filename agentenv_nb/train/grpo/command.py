@@ -87,12 +87,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.max_concurrent_envs and not args.env_url:
             raise UsageError("--max-concurrent-envs is for servers elsewhere (--env-url): the servers this command "
                              "starts hold the sessions the run's config needs, every rank's")
-        preset = grpo_run.run_preset(run, COMMAND)  # "auto": the card's, said in a line; resolved once, handed down
         problem = (report_to_problem(run.report_to, COMMAND) or hub_problem(run.push_to_hub, COMMAND)
-                   or earlier_steps.warm_start_problem(run.run_dir, run.warm_start, COMMAND)
-                   # FSDP with vLLM, a GPU short, the async trainer without vLLM or on several processes
-                   or launch_problem(preset, dict(args.overrides), run.trainer, COMMAND))
+                   or earlier_steps.warm_start_problem(run.run_dir, run.warm_start, COMMAND))
         if problem:
+            raise UsageError(problem)
+        preset = grpo_run.run_preset(run, COMMAND)  # "auto": the card's, said in a line; resolved once, handed down
+        # FSDP with vLLM, a GPU short, the async trainer without vLLM or on several processes
+        if problem := launch_problem(preset, dict(args.overrides), run.trainer, COMMAND):
             raise UsageError(problem)
         model_name = earlier_steps.warm_start(run.run_dir, run.warm_start)
         bundle = None if args.env_url or os.environ.get("RANK", "0") != "0" else where_to_serve(run)
