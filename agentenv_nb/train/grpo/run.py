@@ -4,8 +4,8 @@ notebook's cells call in order, as the training command (``python -m agentenv_nb
     run = GRPORun.of(globals())                     # the notebook's parameters cell; or GRPORun(preset="16bit")
     preset = run_preset(run)                        # PRESET, with the run's LoRA rank and rollouts over its own
     config = run_config(run, preset, warm_start)    # TRAINER's config, resuming from RUN_DIR/grpo's last checkpoint
-    bundle = resolve_bundle(run)                    # fetched, its sandbox chosen, its envs checked
-    env = serve(run, bundle, session_limit(run, config, bundle))
+    bundle = resolve_bundle(run)                    # train.run's: fetched, its sandbox chosen, its envs checked
+    env = serve(run, bundle, session_limit(run, config, bundle))   # train.run's, holding the sessions the run opens
     model, tokenizer = load(preset, warm_start, env)
     trainer = train(run, preset, model, tokenizer, config, env, callbacks=[live])   # trial step, fit, state saved
     played, table = greedy_eval(run, trainer.model, tokenizer, env, config)
