@@ -151,12 +151,14 @@ def kit_run(args, trainer: str = "grpo"):
 
 
 def kit_env(run, config, beside: int = 0):
-    """The run's bundle served as notebook 03 serves it (``train.grpo.run``), holding the sessions the run needs and
-    ``beside`` more (the expert's step after training plays beside the trainer's environments)."""
-    from agentenv_nb.train.grpo import run as grpo_run
+    """The run's bundle served as notebook 03 serves it (``train.run``), holding the sessions the run needs
+    (``train.grpo.run.session_limit``) and ``beside`` more (the expert's step after training plays beside the
+    trainer's environments)."""
+    from agentenv_nb.train.grpo.run import session_limit
+    from agentenv_nb.train.run import resolve_bundle, serve
 
-    bundle = grpo_run.resolve_bundle(run)
-    return grpo_run.serve(run, bundle, grpo_run.session_limit(run, config, bundle) + beside)
+    bundle = resolve_bundle(run)
+    return serve(run, bundle, session_limit(run, config, bundle) + beside)
 
 
 def run_kit(args, timer: StepTimer, result: dict) -> None:

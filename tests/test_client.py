@@ -96,10 +96,16 @@ def test_an_episode_plays_and_scores_and_a_failed_one_is_unscored(quiz, caplog):
     assert "rollout left unscored: reset: split 'train' has 2 tasks, so it has no task 9" in warnings(caplog)
 
 
-def test_the_first_reset_raises_when_the_server_has_no_room(quiz_bundle):
+@pytest.mark.parametrize("resolved", [False, True], ids=["a folder", "a resolved bundle"])
+def test_the_first_reset_raises_when_the_server_has_no_room(quiz_bundle, resolved):
+    """The session limit is ``AgentEnv.local``'s argument, for a bundle resolved already (with a limit of its own) as
+    for a folder."""
     from agentenv_nb.client.session import CapacityError
+    from agentenv_nb.envs.resolve import resolve
 
-    with AgentEnv.local(quiz_bundle, max_concurrent_envs=1) as env, env.factory() as first:
+    bundle = resolve(quiz_bundle, max_concurrent_envs=8) if resolved else quiz_bundle
+    with AgentEnv.local(bundle, max_concurrent_envs=1) as env, env.factory() as first:
+        assert env.max_concurrent_envs == 1
         first.reset(**env.dataset[0])
         with pytest.raises(CapacityError, match="raise max_concurrent_envs"):
             env.factory().reset(**env.dataset[0])

@@ -28,6 +28,7 @@ from agentenv_nb.envs.workdir import work_dir
 from agentenv_nb.envs.serve.processes import serve_in_processes
 from agentenv_nb.envs.serve.thread import serve_in_thread
 from agentenv_nb.tasks import gridsim
+from agentenv_nb.train.presets import PRESETS
 
 MAIL_MCP = Path(__import__("agent_env").__file__).parent / "examples" / "mail-mcp"
 SERVE = [sys.executable, "-m", "agentenv_nb.envs.serve"]
@@ -271,15 +272,15 @@ def test_a_warm_start_that_learnt_nothing_stops_a_gpu_run_in_one_line_and_warns_
 
     unscored = {"reward": 0.0, "tool_call_rate": 1.0}
     with pytest.raises(Stop) as stopped:
-        check_learned(unscored, "24gb")
+        check_learned(unscored, PRESETS["24gb"])
     assert stopped.value._render_traceback_() == ["the model's answers scored nothing on the eval tasks: give SFT more "
                                                   "demonstrations (a small model: 200+)"]  # what IPython shows
     with pytest.raises(Stop, match="called a tool in 20% of the eval tasks: give SFT more demonstrations"):
-        check_learned({"reward": 0.5, "tool_call_rate": 0.2}, "16bit")
-    check_learned(unscored, "cpu-tiny")  # goes on, saying why
+        check_learned({"reward": 0.5, "tool_call_rate": 0.2}, PRESETS["16bit"])
+    check_learned(unscored, PRESETS["cpu-tiny"])  # goes on, saying why
     [line] = capsys.readouterr().out.splitlines()
     assert line.startswith("warning: the model's answers scored nothing") and "no partial credit" in line, line
-    check_learned({"reward": 0.1, "tool_call_rate": 0.5}, "24gb")
+    check_learned({"reward": 0.1, "tool_call_rate": 0.5}, PRESETS["24gb"])
     assert capsys.readouterr().out == ""
 
 

@@ -24,6 +24,7 @@ from agentenv_nb.host.probe import Host, cuda_of_driver, read_host
 from agentenv_nb.host.stacks import STACKS
 from agentenv_nb.notebook import preflight as pf
 from agentenv_nb.train import presets
+from agentenv_nb.train.presets import PRESETS
 
 # Colab as it is now: driver 580.82.07 (CUDA 13.0), torch 2.11.0+cu130, Python 3.13 on its T4, L4 and A100 runtimes
 COLAB_T4 = {"notebook": "colab", "driver": "580.82.07", "gpus": [("Tesla T4", "7.5", 15.0)],
@@ -218,28 +219,28 @@ def test_the_probes_read_this_machine_without_importing_torch():
 
 def test_preflight_says_a_driver_too_old_for_the_installed_torch():
     cuda13_torch_on_cuda12 = Host.from_dict({**HOSTS["t4-box-no-torch"], "torch": "2.13.0+cu130", "torch_cuda": "13.0"})
-    [driver] = [row for row in pf.check_host("16gb", cuda13_torch_on_cuda12) if row["check"] == "driver"]
+    [driver] = [row for row in pf.check_host(PRESETS["16gb"], cuda13_torch_on_cuda12) if row["check"] == "driver"]
     assert driver["status"] == "fail" and "built for CUDA 13.0; this driver (550.54.15) runs CUDA 12.4" in driver["detail"]
     assert "python -m agentenv_nb.host" in driver["fix"] and "'cuda12-no-vllm' set" in driver["fix"]
-    assert not [row for row in pf.check_host("16gb", host("colab-t4")) if row["check"] == "driver"]
+    assert not [row for row in pf.check_host(PRESETS["16gb"], host("colab-t4")) if row["check"] == "driver"]
 
 
 def test_preflight_says_a_card_without_bf16_and_a_card_too_small(monkeypatch):
     t4 = host("colab-t4")
-    rows = {row["check"]: row for row in pf.check_host("24gb", t4)}
+    rows = {row["check"]: row for row in pf.check_host(PRESETS["24gb"], t4)}
     assert rows["precision"]["status"] == "ok" and rows["precision"]["detail"] == "trains in fp16 on Tesla T4"
     assert rows["card"]["status"] == "fail" and "made for a 24 GB card; Tesla T4 has 15 GB" in rows["card"]["detail"]
     assert rows["card"]["fix"].startswith("PRESET='16gb'")
-    assert "card" not in {row["check"] for row in pf.check_host("16gb", t4)}
+    assert "card" not in {row["check"] for row in pf.check_host(PRESETS["16gb"], t4)}
     monkeypatch.setenv("AGENTENV_NB_PRECISION", "bf16")
-    [precision] = [row for row in pf.check_host("16gb", t4) if row["check"] == "precision"]
+    [precision] = [row for row in pf.check_host(PRESETS["16gb"], t4) if row["check"] == "precision"]
     assert precision["status"] == "fail" and "Unsloth loads the model in float16 there" in precision["detail"]
     assert "AGENTENV_NB_PRECISION=fp16" in precision["fix"]
 
 
 def test_versions_are_checked_against_the_hosts_set_and_the_fix_is_the_set_up_step():
     """Never `pip install torch==2.13.0` as a fix: on a CUDA-12 driver that is the install that leaves no GPU."""
-    rows = pf.check_versions("16gb", Host.from_dict({**HOSTS["t4-box-no-torch"], "torch": "2.13.0+cu130",
+    rows = pf.check_versions(PRESETS["16gb"], Host.from_dict({**HOSTS["t4-box-no-torch"], "torch": "2.13.0+cu130",
                                                      "torch_cuda": "13.0"}))
     assert "the 'cuda12-no-vllm' set" in rows[0]["detail"]
     [torch_row] = [row for row in rows if row["check"] == "version torch"]
@@ -300,7 +301,8 @@ def test_a_vllm_built_for_another_cuda_imports_but_is_found_broken(tmp_path):
     then taken away."""
     subprocess.run([sys.executable, "-c", BROKEN_VLLM, str(tmp_path)], check=True, timeout=60)
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import vllm; "
-            "from agentenv_nb.notebook.preflight import check_vllm; row, = check_vllm('24gb'); "
+            "from agentenv_nb.notebook.preflight import check_vllm; from agentenv_nb.train.presets import PRESETS; "
+            "row, = check_vllm(PRESETS['24gb']); "
             "print(row['status']); print(row['detail']); print(row['fix'])")
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
     status, detail, fix = done.stdout.splitlines()[-3:]

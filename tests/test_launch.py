@@ -15,7 +15,7 @@ import torch
 from agentenv_nb.stack import import_unsloth
 from agentenv_nb.train import presets
 from agentenv_nb.train.grpo import launch
-from agentenv_nb.train.model import vllm_sizing
+from agentenv_nb.train.presets import PRESETS, vllm_sizing
 
 H200, H100 = 139.8e9, 79.6e9
 
@@ -65,9 +65,9 @@ def test_each_rank_chooses_vllms_weights_by_its_own_gpu(monkeypatch, tmp_path):
     gpus.capabilities = [(9, 0), (8, 9)]  # GPU 1 has no fp8 Unsloth quantizes to
     # 16.4 GB of 16-bit weights don't fit vLLM's share of a 24 GB card on either: fp8 where the GPU has it
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert presets.vllm_weights("24gb", str(tmp_path)) == "4bit"
+    assert presets.vllm_weights(PRESETS["24gb"], str(tmp_path)) == "4bit"
     monkeypatch.setenv("LOCAL_RANK", "0")
-    assert presets.vllm_weights("24gb", str(tmp_path)) == "fp8"
+    assert presets.vllm_weights(PRESETS["24gb"], str(tmp_path)) == "fp8"
 
 
 def test_a_launch_that_cant_train_is_refused_in_one_line(monkeypatch):

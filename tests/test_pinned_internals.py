@@ -5,8 +5,8 @@ naming the kit module to read again, before it fails in a run:
 - Unsloth and unsloth_zoo 2026.10.9, ``load_lora`` and ``fast_generate`` on a fast_inference model:
   ``train.rollout``
 - Unsloth and unsloth_zoo 2026.10.9, each process's model and vLLM engine on GPU ``LOCAL_RANK``:
-  ``train.model.vllm_sizing`` and ``train.grpo.launch``
-- Unsloth 2026.10.9 with vLLM 0.29.0, the fp8 gate and vLLM's online fp8: ``train.model.vllm_sizing`` and
+  ``train.presets.vllm_sizing`` and ``train.grpo.launch``
+- Unsloth 2026.10.9 with vLLM 0.29.0, the fp8 gate and vLLM's online fp8: ``train.presets.vllm_sizing`` and
   ``train.presets``
 - httpx 0.28.1, the transports' first parameters: ``envs.tls``
 
@@ -27,7 +27,7 @@ import httpx
 # builds those dicts and resets the environments
 TRL_METHODS = {"_tool_call_loop": "acc9b1db6fed3d92f75e9068effc4d2042af71a6807537b9c3ce243c130138b7",
                "_generate_and_score_completions": "1fa48922792dcd5c72da155cfe99db477771a7c61cde15519fe8c86d0cdc0b65"}
-VLLM_SIZING, LAUNCH = "agentenv_nb.train.model.vllm_sizing", "agentenv_nb.train.grpo.launch"
+VLLM_SIZING, LAUNCH = "agentenv_nb.train.presets.vllm_sizing", "agentenv_nb.train.grpo.launch"
 
 
 def pinned_source(module: str, name: str = "") -> str:

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from agentenv_nb.train import presets
-from agentenv_nb.train.presets import configs
+from agentenv_nb.train.presets import PRESETS, configs
 
 # The recipe page's train.py, on a 24 GB GPU.
 RECIPE = {
@@ -118,7 +118,7 @@ def test_vllm_is_sized_to_the_memory_a_run_may_use(monkeypatch):
     """vLLM's gpu_memory_utilization is a share of the whole card: the recipe's half is taken of what the run may
     use (a cap, AGENTENV_NB_GPU_MEMORY_GB), at most the preset's own card, then turned into a share of the card."""
     from agentenv_nb import settings
-    from agentenv_nb.train.model.vllm_sizing import gpu_memory_utilization as share
+    from agentenv_nb.train.presets.vllm_sizing import gpu_memory_utilization as share
 
     recipe = presets.PRESETS["24gb"]
     h200, l4, made_for = 150.1e9, 23.6e9, recipe.gpu_gb * 1e9
@@ -168,7 +168,7 @@ def test_the_sft_of_a_loaded_model_and_the_grpo_of_its_folder_agree_on_whether_i
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from agentenv_nb.train.model import vllm_sizing
+    from agentenv_nb.train.presets import vllm_sizing
 
     recipe = presets.PRESETS["24gb"]
     loaded = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model),
@@ -202,23 +202,25 @@ QWEN3_4B = {"vocab_size": 151936, "hidden_size": 2560, "intermediate_size": 9728
 def test_a_pretrained_model_on_the_cpu_preset_gets_lora_and_minutes_not_the_tiny_models_full_fine_tune(
         tiny_model, tmp_path):
     gemma = _config_folder(tmp_path / "gemma", "gemma3_text", **GEMMA3_270M)
-    assert presets.full_finetuning("cpu-tiny", "sft", tiny_model)  # the random model: every weight
-    assert not presets.full_finetuning("cpu-tiny", "sft", gemma) and not presets.full_finetuning("cpu-tiny", "grpo")
+    assert presets.full_finetuning(PRESETS["cpu-tiny"], "sft", tiny_model)  # the random model: every weight
+    assert not presets.full_finetuning(PRESETS["cpu-tiny"], "sft", gemma)
+    assert not presets.full_finetuning(PRESETS["cpu-tiny"], "grpo")
     tiny, real = presets.sft_kwargs("cpu-tiny", model=tiny_model), presets.sft_kwargs("cpu-tiny", model=gemma)
     assert (tiny["max_steps"], tiny["learning_rate"]) == (200, 3e-3)
     recipe = presets.PRESETS["cpu-tiny"]
     assert (real["max_steps"], real["learning_rate"]) == (recipe.pretrained_sft_max_steps,
                                                           recipe.pretrained_sft_learning_rate) == (12, 1e-3)
     assert presets.sft_kwargs("cpu-tiny", model=gemma, max_steps=5)["max_steps"] == 5  # the notebook's own count
-    assert not presets.pretrained("24gb", gemma)  # a GPU preset's settings are made for real models already
+    assert not presets.pretrained(PRESETS["24gb"], gemma)  # a GPU preset's settings are made for real models already
     assert presets.table("cpu-tiny").loc["pretrained_from", "preset"] == 1e7
 
 
 def test_a_model_too_large_to_train_on_a_cpu_is_refused_in_one_line(tmp_path):
     qwen = _config_folder(tmp_path / "qwen", "qwen3", **QWEN3_4B)
     gemma = _config_folder(tmp_path / "gemma", "gemma3_text", **GEMMA3_270M)
-    assert presets.size_problem("cpu-tiny", gemma) is None and presets.size_problem("24gb", qwen) is None
-    problem = presets.size_problem("cpu-tiny", qwen)
+    assert presets.size_problem(PRESETS["cpu-tiny"], gemma) is None
+    assert presets.size_problem(PRESETS["24gb"], qwen) is None
+    problem = presets.size_problem(PRESETS["cpu-tiny"], qwen)
     assert problem.startswith("the model has 4.0B parameters, more than the 'cpu-tiny' preset trains on this machine")
     assert "'16gb' on Colab's T4" in problem and "\n" not in problem
 
@@ -234,8 +236,8 @@ def test_a_family_whose_vllm_refuses_float16_trains_in_fp32_where_the_card_has_n
     gemma = _config_folder(tmp_path / "gemma", "gemma3_text", **GEMMA3_270M)
     qwen = _config_folder(tmp_path / "qwen", "qwen3", **QWEN3_4B)
     monkeypatch.setenv("AGENTENV_NB_PRECISION", "fp16")
-    assert presets.training_precision("16gb", model=qwen) == "fp16"
-    assert presets.training_precision("16gb", model=gemma) == "fp32"
+    assert presets.training_precision(PRESETS["16gb"], model=qwen) == "fp16"
+    assert presets.training_precision(PRESETS["16gb"], model=gemma) == "fp32"
     assert "trains in fp32, not fp16: vLLM refuses float16 for gemma3_text models" in capsys.readouterr().out
     assert presets.model_kwargs("16gb", gemma)["dtype"] is torch.float32
     assert presets.model_kwargs("16gb", qwen)["dtype"] is torch.float16
@@ -245,4 +247,4 @@ def test_a_family_whose_vllm_refuses_float16_trains_in_fp32_where_the_card_has_n
         loaded = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(gemma))
     assert presets.table("16gb", model=loaded).loc["precision", "config"] == "fp32"
     monkeypatch.setenv("AGENTENV_NB_PRECISION", "bf16")
-    assert presets.training_precision("16gb", model=gemma) == "bf16"
+    assert presets.training_precision(PRESETS["16gb"], model=gemma) == "bf16"

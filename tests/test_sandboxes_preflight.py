@@ -25,7 +25,7 @@ from agentenv_nb.envs import modal_credentials
 from agentenv_nb.envs.process import sandbox as process_sandbox
 from agentenv_nb.envs.choice import SandboxError, choose_sandbox
 from agentenv_nb.train import presets
-from agentenv_nb.train.presets import choices
+from agentenv_nb.train.presets import PRESETS, choices
 
 AGENT_ENV_EXAMPLES = Path(__import__("agent_env").__file__).parent / "examples"
 
@@ -246,11 +246,11 @@ def _statuses(rows) -> dict[str, str]:
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a GPU")
 def test_no_gpu_fails_a_gpu_preset_with_a_fix():
-    [row] = pf.check_gpu("24gb")
+    [row] = pf.check_gpu(PRESETS["24gb"])
     assert row["status"] == "fail" and "Change runtime type" in row["fix"]
     assert "needs about 13 GB" in row["detail"]  # no vLLM here: the 4-bit run generates 16 rollouts at a time
-    assert presets.gpu_need_gb("16bit") == 25.0 and presets.gpu_need_gb("cpu-tiny") == 0.0
-    assert pf.check_gpu("cpu-tiny")[0]["status"] == "ok"
+    assert presets.gpu_need_gb(PRESETS["16bit"]) == 25.0 and presets.gpu_need_gb(PRESETS["cpu-tiny"]) == 0.0
+    assert pf.check_gpu(PRESETS["cpu-tiny"])[0]["status"] == "ok"
 
 
 def test_an_l4_is_checked_for_the_weights_vllm_loads_and_not_again_once_the_model_holds_it(monkeypatch):
@@ -263,13 +263,13 @@ def test_an_l4_is_checked_for_the_weights_vllm_loads_and_not_again_once_the_mode
                        "get_device_name": lambda *_: "NVIDIA L4", "memory_reserved": lambda *_: reserved[0]}.items():
         monkeypatch.setattr(torch.cuda, name, seen)
     monkeypatch.setattr(choices, "fast_inference", lambda preset: True)  # vLLM, as on a GPU host
-    [row] = pf.check_gpu("24gb")
+    [row] = pf.check_gpu(PRESETS["24gb"])
     assert row["status"] == "fail" and "18.0 of 22.5 GB free; the 24gb preset needs 21" in row["detail"]
     assert row["fix"].endswith("or 4-bit weights for vLLM, which need 17 GB (AGENTENV_NB_VLLM_WEIGHTS=4bit)")
     monkeypatch.setenv("AGENTENV_NB_VLLM_WEIGHTS", "4bit")
-    assert pf.check_gpu("24gb")[0]["status"] == "ok"
+    assert pf.check_gpu(PRESETS["24gb"])[0]["status"] == "ok"
     free[0], reserved[0] = 5 * 2**30, 16 * 2**30  # notebook 03's second preflight, the model loaded
-    [row] = pf.check_gpu("24gb")
+    [row] = pf.check_gpu(PRESETS["24gb"])
     assert row["status"] == "ok" and "this process holding 16.0 GB (the model)" in row["detail"]
 
 
@@ -285,18 +285,18 @@ def pinned(tmp_path, monkeypatch):
 
 def test_versions_against_the_hosts_set(pinned):
     pinned("# pins\ntrl==0.0.1\ntransformers==5.17.0\npandas==0.0.1\nno-such-package-xyz==1.0\n")
-    rows = pf.check_versions("24gb")
+    rows = pf.check_versions(PRESETS["24gb"])
     assert _statuses(rows) == {"versions": "warn", "version trl": "fail", "version pandas": "warn",
                                "version no-such-package-xyz": "warn"}
     trl_row = next(row for row in rows if row["check"] == "version trl")
     assert "set pins trl==0.0.1" in trl_row["detail"] and "python -m agentenv_nb.host" in trl_row["fix"]
-    cpu = pf.check_versions("cpu-tiny")
+    cpu = pf.check_versions(PRESETS["cpu-tiny"])
     assert _statuses(cpu) == {"versions": "warn", "version trl": "fail"}  # pandas isn't the CPU path's
     assert "on the CPU only trl, transformers and unsloth matter" in cpu[0]["detail"]
 
 
 def test_the_kits_own_pins_hold_on_the_cpu():
-    assert all(row["status"] == "ok" for row in pf.check_versions("cpu-tiny"))
+    assert all(row["status"] == "ok" for row in pf.check_versions(PRESETS["cpu-tiny"]))
 
 
 @pytest.mark.slow

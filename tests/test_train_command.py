@@ -1,6 +1,8 @@
 """``python -m agentenv_nb.train``, notebook 03's run as a command: ``--help``, usage errors in one line, the env
 capacity every rank needs, and the tiny config end to end: two processes on the CPU (gloo, as ``torchrun`` starts
-them on GPUs) training a step once, then one process resuming their run as the notebook resumes.
+them on GPUs) training a step once, then one process resuming their run as the notebook resumes. ``python -m
+agentenv_nb.train sft``, notebook 02's warm start as a command, on the tiny model. Each stage's notebook holds its
+parameters cell to its run and its command.
 """
 
 import ast
@@ -15,7 +17,6 @@ import pytest
 
 from agentenv_nb.train.grpo.command import PROG
 
-NOTEBOOK_03 = Path(__file__).parents[1] / "notebooks" / "03_grpo.ipynb"
 
 TRAIN = [sys.executable, "-m", "agentenv_nb.train"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
@@ -101,50 +102,60 @@ def test_a_launch_that_cant_train_is_refused_by_each_rank_in_one_line(tmp_path):
         assert "agentenv_nb/" not in failed.stderr  # no traceback of the kit's
 
 
-def parameters_cell() -> str:
-    cells = [cell for cell in json.loads(NOTEBOOK_03.read_text())["cells"] if cell["cell_type"] == "code"]
+NOTEBOOKS = Path(__file__).parents[1] / "notebooks"
+# Each stage's notebook, its run and its command, which the notebook's parameters cell is held to
+STAGES = {"02_sft_warm_start": ("agentenv_nb.train.warm_start.run", "SFTRun", "agentenv_nb.train.warm_start.command"),
+          "03_grpo": ("agentenv_nb.train.grpo.run", "GRPORun", "agentenv_nb.train.grpo.command")}
+
+
+def parameters_cell(notebook: str = "03_grpo") -> str:
+    cells = [cell for cell in json.loads((NOTEBOOKS / f"{notebook}.ipynb").read_text())["cells"]
+             if cell["cell_type"] == "code"]
     return "".join(cells[1]["source"])  # the set-up cell, then the parameters cell (test_notebooks_clean)
 
 
-def test_notebook_03_s_parameters_cell_lists_the_command_s_parameters_with_their_defaults(monkeypatch, capsys):
-    """Each of ``GRPORun``'s parameters a plain assignment with its default, and nothing else, so the notebook, the
-    command's options and the tiny run can't drift apart; ``AGENTENV_NB_<NAME>`` overrides each as its type."""
+@pytest.mark.parametrize("notebook", STAGES)
+def test_a_stage_s_parameters_cell_lists_its_command_s_parameters_with_their_defaults(notebook, monkeypatch):
+    """Each of the run's parameters a plain assignment with its default and a comment, in the run's groups and order,
+    and nothing else, so the notebook, the command's options and the tiny run can't drift apart."""
+    import importlib
+
+    module, name, command_module = STAGES[notebook]
+    run_class, command = getattr(importlib.import_module(module), name), importlib.import_module(command_module)
+    for parameter in run_class().parameters():
+        monkeypatch.delenv(f"AGENTENV_NB_{parameter}", raising=False)
+    source = parameters_cell(notebook)
+    assignments = [node for node in ast.parse(source).body if isinstance(node, ast.Assign)]
+    assigned = [target.id for node in assignments for target in node.targets]
+    assert assigned == list(run_class().parameters())  # every one, in the run's order, and no other
+    lines = source.splitlines()
+    assert all("  # " in lines[node.lineno - 1] for node in assignments), "a comment on each parameter's line"
+    heading = "# Parameters that control "  # each group's, in the cell as in the command's --help
+    assert [line.removeprefix(heading) for line in lines if line.startswith(heading)] == list(run_class.groups())
+    for words, names in run_class.groups().items():
+        assert lines[lines.index(heading + words) + 1].startswith(f"{names[0].upper()} = "), words
+    shown = command.options().parser.format_help()
+    assert [shown.index(f"Parameters that control {words}:") for words in run_class.groups()] == sorted(
+        shown.index(f"Parameters that control {words}:") for words in run_class.groups())
+    cell = {}
+    exec(source, cell)
+    assert {name: cell[name] for name in assigned} == run_class().parameters()
+    assert run_class.of(cell) == run_class()
+    args = vars(command.options().parser.parse_args([]))
+    assert {name: args[name] for name in run_class.command_options()} == {
+        name: getattr(run_class(), name) for name in run_class.command_options()}
+
+
+def test_notebook_03_s_parameters_take_the_environment_each_as_its_type(monkeypatch, capsys):
+    """``AGENTENV_NB_<NAME>`` overrides each of notebook 03's parameters as its type; the notebook's own are those of
+    "Try it"."""
     from agentenv_nb.settings import SettingError
-    from agentenv_nb.train import presets
-    from agentenv_nb.train.grpo import command
     from agentenv_nb.train.grpo.run import GRPORun
 
     for name in GRPORun().parameters():
         monkeypatch.delenv(f"AGENTENV_NB_{name}", raising=False)
     source = parameters_cell()
-    assignments = [node for node in ast.parse(source).body if isinstance(node, ast.Assign)]
-    assigned = [target.id for node in assignments for target in node.targets]
-    assert assigned == [name for name in GRPORun().parameters()]  # every one, in GRPORun's order, and no other
-    lines = source.splitlines()
-    assert all("  # " in lines[node.lineno - 1] for node in assignments), "a comment on each parameter's line"
-    heading = "# Parameters that control "  # each group's, in the cell as in the command's --help
-    assert [line.removeprefix(heading) for line in lines if line.startswith(heading)] == list(GRPORun.groups())
-    for words, names in GRPORun.groups().items():
-        assert lines[lines.index(heading + words) + 1].startswith(f"{names[0].upper()} = "), words
-    shown = command.parser().format_help()
-    assert [shown.index(f"Parameters that control {words}:") for words in GRPORun.groups()] == sorted(
-        shown.index(f"Parameters that control {words}:") for words in GRPORun.groups())
-    cell = {}
-    exec(source, cell)
-    assert {name: cell[name] for name in assigned} == GRPORun().parameters()
-    assert GRPORun.of(cell) == GRPORun()
-
-    args = vars(command.parser().parse_args([]))
-    assert {name: args[name] for name in GRPORun.command_options()} == {
-        name: getattr(GRPORun(), name) for name in GRPORun.command_options()}
     assert set(vars(GRPORun())) - set(GRPORun.command_options()) == {"try_day", "try_prompt"}  # the notebook's own
-    recipe = presets.named("24gb")  # what "unset" gives on a 24 GB card, said in each trainer setting's help
-    for name, value in [("max_steps", recipe.max_steps), ("learning_rate", recipe.learning_rate),
-                        ("temperature", recipe.temperature), ("lora_rank", recipe.lora_r),
-                        ("num_generations", recipe.num_generations),
-                        ("rollouts_a_step", recipe.per_device_train_batch_size * recipe.gradient_accumulation_steps)]:
-        assert f"the preset's ({value}" in GRPORun.help(name) or f"the preset's max_steps ({value}" in GRPORun.help(
-            name), name
 
     monkeypatch.setenv("AGENTENV_NB_MAX_STEPS", "3")
     monkeypatch.setenv("AGENTENV_NB_LEARNING_RATE", "1e-4")
@@ -245,3 +256,30 @@ def test_two_processes_train_once_then_one_resumes(tmp_path):
     assert exported.keys() == trained.keys() and all(exported[k].equal(trained[k]) for k in trained)
     assert json.loads((run_dir / "trained" / "adapter" / "adapter_config.json").read_text())["r"] == 4  # --lora-rank
     assert (run_dir / "trained" / "merged" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow  # the command in a fresh interpreter, and notebook 02's steps on the tiny model
+def test_the_sft_command_runs_notebook_02_s_steps_and_saves_the_warm_start_grpo_trains_from(tmp_path):
+    import pandas as pd
+
+    from agentenv_nb.tasks import gridsim
+    from agentenv_nb.train.earlier_steps import warm_start_problem
+
+    for args, says in [(["--preset", "8gb"], "argument --preset: invalid choice: '8gb'"),
+                       (["--preset", "cpu-tiny", "--bundle", "no-such-bundle"], "no bundle 'no-such-bundle'")]:
+        failed = run([*TRAIN, "sft", *args], tmp_path)
+        assert failed.returncode == 2 and failed.stdout == "", failed.stdout
+        assert failed.stderr.count("\n") == 1 and says in failed.stderr and "Traceback" not in failed.stderr
+
+    bundle = gridsim.write_bundle(tmp_path / "gridsim-tiny", train=4, eval=2)
+    run_dir = tmp_path / "run"
+    done = run([*TRAIN, "sft", "--bundle", bundle, "--run-dir", run_dir, "--model", "tiny", "--preset", "cpu-tiny",
+                "--sandbox", "process", "--server-processes", "0", "--eval-days", "2", "--max-new-tokens", "32",
+                "--distill-steps", "1", "--set", "max_steps=2"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "warm start from expert: GridSim's task adapter has an expert: 4 of its 4 episodes scored 1.0" in done.stdout
+    assert "trained to step 2 of 2" in done.stdout  # --set over the preset's 200 steps
+    assert "round 1: 8 train rollouts scored" in done.stdout  # DISTILL_ROUNDS' default: one round, 2 samples a task
+    assert list(pd.read_csv(run_dir / "greedy-evals.csv", index_col=0)) == ["before SFT", "after SFT"]
+    assert (run_dir / "sft" / "merged" / "config.json").is_file() and (run_dir / "distilled" / "merged").is_dir()
+    assert warm_start_problem(run_dir) is None  # the GRPO command finds the warm start it trains from

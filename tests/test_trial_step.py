@@ -8,6 +8,7 @@ from agentenv_nb.stack import import_unsloth
 import_unsloth()  # before anything imports trl, as TRL 1.15 on CPU needs
 from agentenv_nb import AgentEnv  # noqa: E402
 from agentenv_nb.train.grpo.trial import Measured, check, longest_prompt_rows, trial_step, verdict  # noqa: E402
+from agentenv_nb.train.presets import PRESETS  # noqa: E402
 from tests.conftest import one_turn_task, write_bundle  # noqa: E402
 from transformers import TrainerState  # noqa: E402
 
@@ -60,9 +61,9 @@ def test_the_trial_step_runs_the_worst_case_on_cpu_and_trains_nothing(short_and_
     assert measured.completion_tokens == 32  # every rollout written to the budget
     assert not measured.out_of_memory and measured.seconds > 0 and measured.peak_gb == 0  # no GPU here
     assert all(p.equal(weights[name]) for name, p in model.named_parameters())  # the step trained nothing
-    assert check(model, tokenizer, config, short_and_long, "cpu-tiny") == (
+    assert check(model, tokenizer, config, short_and_long, PRESETS["cpu-tiny"]) == (
         "trial step skipped: cpu-tiny is a CPU preset (it measures a GPU's memory)")
-    line = check(model, tokenizer, config, short_and_long, "cpu-tiny", force=True)
+    line = check(model, tokenizer, config, short_and_long, PRESETS["cpu-tiny"], force=True)
     assert line.startswith("trial step on the CPU: about ") and line.endswith(" for 30 steps")
     assert not list(tmp_path.iterdir())  # nothing written into the run's own folder
     logs = {"loss": 0.0}

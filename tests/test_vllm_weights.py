@@ -8,7 +8,7 @@ import pytest
 
 from agentenv_nb.stack import import_unsloth
 from agentenv_nb.train import presets
-from agentenv_nb.train.model import vllm_sizing
+from agentenv_nb.train.presets import PRESETS, vllm_sizing
 
 QWEN3_4B_16BIT, QWEN3_8B_16BIT = 8.04e9, 16.4e9  # 4.02 B and 8.19 B parameters in 16-bit
 QWEN3_KV_STEP = 32 * 1024 * 147456  # 32 rollouts of 1,024 tokens; 36 layers x 8 KV heads x 128 x 2 x 2 bytes a token
@@ -43,15 +43,15 @@ def test_the_card_chooses_the_fastest_precision_and_says_why_in_one_line(capabil
 def test_the_gpu_a_run_needs_follows_the_weights_named_for_vllm(monkeypatch):
     """Preflight's need: 16-bit weights' whole process unless 4-bit or fp8 ones are named, and less again without
     vLLM (the figures: docs/benchmarks.md)."""
-    assert presets.gpu_need_gb("24gb", vllm=True) == 21.0  # "auto" and no model named: the card may choose 16-bit
-    assert presets.gpu_need_gb("24gb", weights="4bit", vllm=True) == 17.0
-    assert presets.gpu_need_gb("24gb", weights="fp8", vllm=True) == 17.0
-    assert presets.gpu_need_gb("24gb", weights="16bit", vllm=True) == 21.0
-    assert presets.gpu_need_gb("16bit", vllm=True) == 40.0
-    assert presets.gpu_need_gb("24gb", weights="4bit", vllm=False) == 13.0
+    assert presets.gpu_need_gb(PRESETS["24gb"], vllm=True) == 21.0  # "auto", no model named: the card may choose 16-bit
+    assert presets.gpu_need_gb(PRESETS["24gb"], weights="4bit", vllm=True) == 17.0
+    assert presets.gpu_need_gb(PRESETS["24gb"], weights="fp8", vllm=True) == 17.0
+    assert presets.gpu_need_gb(PRESETS["24gb"], weights="16bit", vllm=True) == 21.0
+    assert presets.gpu_need_gb(PRESETS["16bit"], vllm=True) == 40.0
+    assert presets.gpu_need_gb(PRESETS["24gb"], weights="4bit", vllm=False) == 13.0
     monkeypatch.setenv("AGENTENV_NB_VLLM_WEIGHTS", "fp8")
-    assert presets.vllm_weights("24gb") == "fp8" and presets.gpu_need_gb("24gb", vllm=True) == 17.0
-    assert presets.vllm_weights("16bit") == "16bit"  # a preset that names its weights keeps them
+    assert presets.vllm_weights(PRESETS["24gb"]) == "fp8" and presets.gpu_need_gb(PRESETS["24gb"], vllm=True) == 17.0
+    assert presets.vllm_weights(PRESETS["16bit"]) == "16bit"  # a preset that names its weights keeps them
 
 
 def _a_card(monkeypatch, total: float, capability: tuple[int, int], free: float | None = None) -> None:
@@ -77,9 +77,9 @@ def test_preflight_counts_the_memory_of_the_weights_the_model_loads_in(monkeypat
     monkeypatch.setattr(choices, "fast_inference", lambda preset: True)  # vLLM, as on a GPU host
     model = qwen3_4b_config(tmp_path)
     assert presets.model_kwargs("16gb", model)["load_in_4bit"]  # the load: 4-bit weights
-    [row] = check_gpu("16gb", model)
+    [row] = check_gpu(PRESETS["16gb"], model)
     assert row["status"] == "ok" and row["detail"].endswith("the 16gb preset needs 12")
-    [row] = check_gpu("16gb", str(tmp_path / "not-saved-yet"))  # notebook 02 not run: the most it may need
+    [row] = check_gpu(PRESETS["16gb"], str(tmp_path / "not-saved-yet"))  # notebook 02 not run: the most it may need
     assert row["status"] == "fail" and row["detail"].endswith("the 16gb preset needs 14")
 
 
@@ -116,7 +116,7 @@ def test_the_24gb_preset_loads_qwen3_4b_in_what_the_card_fits(monkeypatch, tmp_p
     monkeypatch.setenv("AGENTENV_NB_VLLM_WEIGHTS", "4bit")  # the recipe's, whatever the card fits
     kwargs = presets.model_kwargs("24gb", qwen3_4b_config(tmp_path), fast_inference=True)
     assert kwargs["load_in_4bit"] and kwargs["gpu_memory_utilization"] == 0.5
-    assert presets.vllm_weights("16bit", "m") == "16bit"  # a preset that names its weights keeps them
+    assert presets.vllm_weights(PRESETS["16bit"], "m") == "16bit"  # a preset that names its weights keeps them
 
 
 def test_weights_named_in_the_environment_that_the_kit_doesnt_load_are_refused_at_once(monkeypatch):

@@ -1,8 +1,9 @@
 """The tables and lines a notebook shows, as a person reads them: whole text (pandas' own display cuts a cell past 50
 characters with "…"), one header row, and no line that says what isn't so; and the map of the package README.md and
-the package's docstring draw, true to its files."""
+the package's docstring draw, true to its files; the presets' figures where notebook 03 and README quote them."""
 
 import html
+import json
 import re
 from pathlib import Path
 
@@ -94,3 +95,53 @@ def test_the_package_docstring_names_subpackages_that_are_there():
     names = re.findall(r"``([a-z_]+)``", agentenv_nb.__doc__)
     assert {"tasks", "envs", "client", "train", "notebook", "host"} <= set(names)
     assert [name for name in names if not is_module(PACKAGE / name)] == []
+
+
+def figures(text: str) -> set[float]:
+    """The numbers ``text`` says, presets' names ("16gb") and model sizes ("1B") aside."""
+    text = re.sub(r"[\"'][\w-]*[\"']|\b\d+B\b", "", text)
+    return {float(number) for number in re.findall(r"\d+(?:\.\d+)?(?:e-?\d+)?", text)}
+
+
+def test_notebook_03_says_what_an_unset_trainer_setting_gives_as_the_presets_hold_it():
+    """Each trainer setting's comment in notebook 03's parameters cell quotes the recipe's figure and only figures a
+    preset holds for it (a small model's too): changing a preset without its comment fails here."""
+    from agentenv_nb.train.grpo.run import GRPORun
+
+    from .test_train_command import parameters_cell
+
+    recipe, all_presets = presets.PRESETS["24gb"], presets.PRESETS.values()
+    settings = {"MAX_STEPS": (lambda p: p.max_steps, None), "LORA_RANK": (lambda p: p.lora_r, None),
+                "LEARNING_RATE": (lambda p: p.learning_rate, recipe.small_learning_rate),
+                "TEMPERATURE": (lambda p: p.temperature, recipe.small_temperature),
+                "NUM_GENERATIONS": (lambda p: p.num_generations, None),
+                "ROLLOUTS_A_STEP": (lambda p: p.per_device_train_batch_size * p.gradient_accumulation_steps, None)}
+    comments = dict(re.findall(r"^([A-Z_]+) = .+?  # (.+)$", parameters_cell(), re.M))
+    for name, (value, small) in settings.items():
+        said = figures(comments[name].split("None:")[1])
+        held = {value(preset) for preset in all_presets} | {small} - {None}
+        assert value(recipe) in said and said <= held, (name, said, held)
+        assert f"the preset's {'max_steps ' * (name == 'MAX_STEPS')}({value(recipe):g}" in GRPORun.help(name), name
+    assert f"(r{recipe.lora_r}/alpha{recipe.lora_alpha})" in comments["LORA_RANK"] + GRPORun.help("lora_rank")
+
+
+def test_notebook_03_and_the_readme_quote_the_recipe_as_the_presets_hold_it():
+    """The recipe notebook 03 opens on, and README's small-model settings, are the presets' figures."""
+    from .test_train_command import NOTEBOOKS
+
+    recipe = presets.PRESETS["24gb"]
+    opening = "".join(json.loads((NOTEBOOKS / "03_grpo.ipynb").read_text())["cells"][0]["source"])
+    rollouts = recipe.per_device_train_batch_size * recipe.gradient_accumulation_steps
+    for fragment in (f"LoRA r{recipe.lora_r}/α{recipe.lora_alpha}",
+                     f"{rollouts} rollouts a step ({rollouts // recipe.num_generations} days × "
+                     f"{recipe.num_generations}) at temperature {recipe.temperature:g}",
+                     f"thinking {'on' if recipe.enable_thinking else 'off'}",
+                     f"at most {['no', 'one', 'two', 'three'][recipe.max_tool_calling_iterations]} tool rounds",
+                     f"{recipe.loss_type} with β {recipe.beta:g}"):
+        assert fragment in opening, fragment
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    [small] = re.findall(r"a model under a billion parameters gets the preset's small-model settings \((.+?)\)", readme)
+    assert recipe.small_model_below == 1e9 and f"a {recipe.small_lr_scheduler_type} learning rate" in small
+    a_pass = recipe.small_sft_per_device_train_batch_size * recipe.small_sft_gradient_accumulation_steps
+    assert figures(small) == {recipe.small_sft_num_train_epochs, recipe.small_sft_learning_rate, a_pass,
+                              recipe.small_learning_rate, recipe.small_temperature}

@@ -83,9 +83,9 @@ class AgentEnv:
         Without ``sandbox`` the envs run where ``envs.choice.choose_sandbox`` says; every env is checked before the
         server starts. Closing the AgentEnv, leaving its ``with`` block, or the process's exit stops the servers, and
         the env processes they started. ``reward`` goes to the server, which checks at start that it scores every
-        task. ``bundle`` may be resolved already (``envs.resolve``); ``max_concurrent_envs`` unset is
-        AGENTENV_NB_MAX_CONCURRENT_ENVS, else its default (``agentenv_nb.settings``). The servers require a token made
-        here, which this AgentEnv sends."""
+        task. ``bundle`` may be resolved already (``envs.resolve``), ``max_concurrent_envs`` then over its own;
+        unset, it is AGENTENV_NB_MAX_CONCURRENT_ENVS, else its default (``agentenv_nb.settings``). The servers require
+        a token made here, which this AgentEnv sends."""
         from agentenv_nb.envs.resolve import resolve
         from agentenv_nb.envs.serve.processes import serve_in_processes
         from agentenv_nb.envs.serve.thread import serve_in_thread

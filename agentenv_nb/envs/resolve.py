@@ -13,7 +13,7 @@ default (``settings``).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from agentenv_nb import settings
@@ -42,9 +42,11 @@ def resolve(bundle: str | Path | Resolved, sandbox: str | None = None, max_concu
             bundle_dir: str | Path = BUNDLES_DIR) -> Resolved:
     """``bundle`` (a folder, a name ``bundles.txt`` lists, an installed bundle) resolved: fetched, its sandbox chosen
     (``choice.choose_sandbox``; ``sandbox`` forces one, ``"auto"`` none) and, for the process sandbox, every env
-    checked. A ``Resolved`` is returned as it is."""
+    checked. A ``Resolved`` is returned as it is, holding ``max_concurrent_envs`` sessions where that is given."""
     if isinstance(bundle, Resolved):
-        return bundle
+        if max_concurrent_envs is None:
+            return bundle
+        return replace(bundle, max_concurrent_envs=settings.get("max_concurrent_envs", max_concurrent_envs))
     from agentenv_nb.envs.process import sandbox as process_sandbox
     from agentenv_nb.envs.choice import AUTO, DOCKER, PROCESS, choose_sandbox
 

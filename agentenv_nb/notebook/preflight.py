@@ -36,7 +36,7 @@ from agentenv_nb.stack import vllm_load_problem
 from agentenv_nb.train import earlier_steps
 from agentenv_nb.train.export import hub_problem
 from agentenv_nb.train.grpo.launch import ASYNC_EVALS, async_problem, processes_launched
-from agentenv_nb.train.presets import Preset, gpu_need_gb, named, training_precision
+from agentenv_nb.train.presets import PRESETS, Preset, gpu_need_gb, named, training_precision
 from agentenv_nb.train.tracking import report_to_problem
 
 COLUMNS = ["check", "status", "detail", "fix"]
@@ -60,7 +60,7 @@ def _row(check: str, status: str, detail: str, fix: str = "") -> dict:
     return {"check": check, "status": status, "detail": detail, "fix": fix}
 
 
-def check_gpu(preset: Preset | str, model: str | None = None) -> list[dict]:
+def check_gpu(preset: Preset, model: str | None = None) -> list[dict]:
     """The GPU's name and free memory against what ``preset`` needs for ``model`` (``presets.gpu_need_gb``: in the
     precision of vLLM's weights the model will load in), before this process holds any of it: once the model is
     loaded, what it holds; no GPU fails a GPU preset."""
@@ -70,7 +70,7 @@ def check_gpu(preset: Preset | str, model: str | None = None) -> list[dict]:
         need = gpu_need_gb(preset, model)
     except OSError:  # no model there to size yet (the warm start's row says why): the most the preset may need
         need = gpu_need_gb(preset)
-    name = named(preset).name
+    name = preset.name
     if not torch.cuda.is_available():
         if not need:
             return [_row("gpu", "ok", f"no GPU; the {name} preset runs on the CPU")]
@@ -87,13 +87,13 @@ def check_gpu(preset: Preset | str, model: str | None = None) -> list[dict]:
         return [_row("gpu", "ok", seen)]
     fix = ("restart the runtime to free what earlier cells hold, or stop other processes on the GPU (nvidia-smi)"
            if total >= need else f"a GPU with at least {need:.0f} GB, or a smaller preset ('24gb' needs "
-                                 f"{gpu_need_gb('24gb'):.0f} GB)")
+                                 f"{gpu_need_gb(PRESETS['24gb']):.0f} GB)")
     if (quantized := gpu_need_gb(preset, weights="4bit")) < need:
         fix += f"; or 4-bit weights for vLLM, which need {quantized:.0f} GB (AGENTENV_NB_VLLM_WEIGHTS=4bit)"
     return [_row("gpu", "fail", seen, fix)]
 
 
-def check_trainer(trainer: str, preset: Preset | str) -> list[dict]:
+def check_trainer(trainer: str, preset: Preset) -> list[dict]:
     """The trainer notebook 03 picks (``presets.TRAINERS``) against the preset and this machine: the async trainer needs
     vLLM and one process (``launch.async_problem``), and has no eval points (said here)."""
     from agentenv_nb.train.presets import TRAINERS
@@ -102,7 +102,7 @@ def check_trainer(trainer: str, preset: Preset | str) -> list[dict]:
         return [_row("trainer", "fail", f"unknown trainer {trainer!r}", f"TRAINER= one of {', '.join(TRAINERS)}")]
     if trainer != "async":
         return [_row("trainer", "ok", "TRL's GRPOTrainer (Unsloth's), evaluating every eval_steps")]
-    if problem := async_problem(named(preset), processes_launched()):
+    if problem := async_problem(preset, processes_launched()):
         what, fix = problem.rsplit(": ", 1)
         return [_row("trainer", "fail", what, fix)]
     return [_row("trainer", "ok", f"Unsloth's AsyncGRPOTrainer on the model's own vLLM; {ASYNC_EVALS}")]
@@ -113,10 +113,10 @@ def _plan(host: Host | None):
     return plan_for(host) if host is not None else plan_here()
 
 
-def check_host(preset: Preset | str, host: Host | None = None) -> list[dict]:
+def check_host(preset: Preset, host: Host | None = None) -> list[dict]:
     """This host against what runs on it (``host.plan``): its decision in one row; the installed torch against the
     driver; the precision against the card; the card against the preset."""
-    plan, preset = _plan(host), named(preset)
+    plan = _plan(host)
     host = plan.host
     rows = [_row("host", "ok" if plan.stack else "fail", plan.line().removeprefix("agentenv_nb: "), plan.fix)]
     if host.gpus and host.torch and not runs_on_driver(host.torch_cuda, host.driver_cuda):
@@ -140,10 +140,10 @@ def check_host(preset: Preset | str, host: Host | None = None) -> list[dict]:
     return rows
 
 
-def check_vllm(preset: Preset | str) -> list[dict]:
+def check_vllm(preset: Preset) -> list[dict]:
     """A vLLM that is installed but doesn't load beside this torch (built for another CUDA or torch), where the preset
     would generate on it: generation falls back to transformers' ``generate``."""
-    if not named(preset).vllm or importlib.util.find_spec("vllm") is None:
+    if not preset.vllm or importlib.util.find_spec("vllm") is None:
         return []
     if problem := vllm_load_problem():
         return [_row("vllm", "warn", f"{problem}; rollouts generate on transformers' generate instead, slower",
@@ -151,7 +151,7 @@ def check_vllm(preset: Preset | str) -> list[dict]:
     return [_row("vllm", "ok", "vllm's compiled extensions load beside this torch")]
 
 
-def check_versions(preset: Preset | str, host: Host | None = None) -> list[dict]:
+def check_versions(preset: Preset, host: Host | None = None) -> list[dict]:
     """Installed versions against the pins of the set this host runs (``host.stacks``); on the CPU only the trl,
     transformers and unsloth pins matter, the rest being the GPU stack's. The fix is the set-up step, never a bare
     pip line: the pinned torch of another set could be one this driver can't run."""
@@ -161,7 +161,7 @@ def check_versions(preset: Preset | str, host: Host | None = None) -> list[dict]
     plan = _plan(host)
     if plan.stack is None:
         return []  # the host row says what to do
-    cpu = named(preset).on_cpu
+    cpu = preset.on_cpu
     rows, matched = [], 0
     for text in plan.stack.requirements(plan.keep_torch):
         pin = Requirement(text)
@@ -355,7 +355,7 @@ def preflight(preset: Preset | str = "auto", env=None, split: str = "train", tok
     ``show`` displays the table in a notebook, elsewhere prints a line per problem; ``strict`` raises PreflightError
     on any fail.
     """
-    named(preset)  # an unknown name is refused before any check runs
+    preset = named(preset)  # resolved once, for every check: an unknown name is refused before any runs
     if run_dir is not None:
         model = model or earlier_steps.warm_start(run_dir, warm_start)
     rows = check_host(preset, host) + check_gpu(preset, model) + check_vllm(preset) + check_versions(preset, host)

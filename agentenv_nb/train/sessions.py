@@ -3,7 +3,7 @@ from, on one GPU or many, and checked against.
 
     limit = sessions_needed(config)                  # serve with it: AgentEnv.local(bundle, max_concurrent_envs=limit)
     if problem := capacity_problem(config, served): raise SystemExit(problem)
-    limit = play_sessions("24gb", toolsets)          # notebook 02's: its greedy evals, an eval batch at a time
+    limit = play_sessions(preset, toolsets)          # notebook 02's: its greedy evals, an eval batch at a time
 
 TRL makes one environment per rollout in flight and reuses them for training and eval, per environment class, so
 its pool grows to the larger of a generation batch (a step's rollouts, every rank's: TRL's config counts the ranks)
@@ -24,12 +24,10 @@ def sessions_needed(config, environments: int = 1, beside: int = 0) -> int:
 
 
 def play_sessions(preset, environments: int = 1) -> int:
-    """The sessions greedy play with ``preset`` (a name or a Preset) holds at once: its eval batch, which notebook 02
+    """The sessions greedy play with ``preset`` (a ``Preset``) holds at once: its eval batch, which notebook 02
     plays its evals and self-distillation's rollouts in (and its expert's demonstrations as many at once), for each of
     ``environments`` classes: ``rollout.play`` keeps a pool a class, as TRL does."""
-    from agentenv_nb.train import presets
-
-    return environments * presets.named(preset).per_device_eval_batch_size
+    return environments * preset.per_device_eval_batch_size
 
 
 def capacity_problem(config, max_concurrent_envs: int, environments: int = 1, beside: int = 0) -> str | None:

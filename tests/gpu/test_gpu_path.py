@@ -86,7 +86,7 @@ def test_4bit_grpo_step_calls_tools_through_agentenv(model_path, tmp_path):
         [gpu] = check_gpu(four_bit)  # notebook 03's second preflight: what the loaded model holds isn't missing
         assert gpu["status"] == "ok" and "this process holding" in gpu["detail"], gpu
         assert presets.table(four_bit, model=model).loc["load_in_4bit", "config"], "the table misses the 4-bit load"
-        use_vllm = presets.fast_inference("24gb")
+        use_vllm = presets.fast_inference(presets.PRESETS["24gb"])
         assert (getattr(model, "vllm_engine", None) is not None) == use_vllm, "fast_inference didn't pick the backend"
         config = presets.grpo_config(
             "24gb", output_dir=str(tmp_path / "grpo"), max_steps=1, per_device_train_batch_size=8,

@@ -18,143 +18,84 @@ processes) is refused first.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
 import sys
 
-from agentenv_nb import settings
 from agentenv_nb.stops import Stop
 from agentenv_nb.train import earlier_steps
 from agentenv_nb.train.export import hub_problem
 from agentenv_nb.train.grpo.launch import ASYNC_EVALS, launch_problem
 from agentenv_nb.train.grpo import run as grpo_run
-from agentenv_nb.train.grpo.run import SANDBOXES, GRPORun
+from agentenv_nb.train.grpo.run import GRPORun
 from agentenv_nb.train.naming import COMMAND
+from agentenv_nb.train.options import (Options, UsageError, check_settings, counting, positive, positive_number,
+                                       setting)
 from agentenv_nb.train.presets import AUTO, PRESETS, TRAINERS
+from agentenv_nb.train.run import SANDBOXES, serve, where_to_serve
 from agentenv_nb.train.tracking import REPORT_TO, report_to_problem
 
 PROG = "python -m agentenv_nb.train"
 
 
-class UsageError(Exception):
-    """What the user asked for can't run; the message says what to change."""
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
-
-
-def parser() -> argparse.ArgumentParser:
+def options() -> Options:
     """The command's options: notebook 03's parameters (``GRPORun``), with its defaults, and where the envs are
     served."""
-    p = _OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""),
-                       epilog="Launch on N GPUs with `torchrun --nproc_per_node N -m agentenv_nb.train ...` or "
-                              "`accelerate launch --num_processes N -m agentenv_nb.train ...`; docs/scale-out.md.")
-    groups = {words: p.add_argument_group(f"Parameters that control {words}") for words in GRPORun.groups()}
-    options = {name: groups[words] for words, names in GRPORun.groups().items() for name in names}
-    training, envs = options["max_steps"], options["sandbox"]
-    _option(options, "bundle")
-    _option(options, "bundles_dir")
-    _option(options, "run_dir")
-    _option(options, "warm_start")
-    _option(options, "preset", choices=(AUTO, *PRESETS))
-    _option(options, "trainer", choices=TRAINERS)
-    _option(options, "max_steps", type=_positive)
-    _option(options, "learning_rate", type=_positive_number)
-    _option(options, "temperature", type=_positive_number)
-    _option(options, "lora_rank", type=_positive)
-    _option(options, "rollouts_a_step", type=_positive)
-    _option(options, "num_generations", type=_positive)
-    _option(options, "save_steps", type=_counting)
-    training.add_argument(
-        "--set", action="append", default=[], type=_setting, metavar="KEY=VALUE", dest="overrides",
-        help="a GRPOConfig setting over the preset's, VALUE as JSON (else a string); e.g. steps_per_generation=1 "
-             "where the card has the room; repeatable")
-    _option(options, "sandbox", choices=SANDBOXES)
-    _option(options, "server_processes", type=_counting)  # rank 0's, for every rank
-    _option(options, "reward")  # a name or a step id: reaches the server processes as notebook 03's does
-    _option(options, "toolsets", choices=("first", "each"))
+    options = Options(GRPORun, prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""),
+                      epilog="Launch on N GPUs with `torchrun --nproc_per_node N -m agentenv_nb.train ...` or "
+                             "`accelerate launch --num_processes N -m agentenv_nb.train ...`; docs/scale-out.md. "
+                             "Notebook 02's SFT warm start: `python -m agentenv_nb.train sft --help`.")
+    options.add("bundle")
+    options.add("bundles_dir")
+    options.add("run_dir")
+    options.add("sandbox", choices=SANDBOXES)
+    options.add("server_processes", type=counting)  # rank 0's, for every rank
+    options.add("reward")  # a name or a step id: reaches the server processes as notebook 03's does
+    options.add("toolsets", choices=("first", "each"))
+    envs = options.group("sandbox")
     envs.add_argument("--env-url", action="append", metavar="URL", help="play envs served elsewhere (python -m "
                       "agentenv_nb.envs.serve on an env host) instead of serving here; repeat for several servers")
-    envs.add_argument("--max-concurrent-envs", type=_positive, help="with --env-url: the sessions those servers hold "
+    envs.add_argument("--max-concurrent-envs", type=positive, help="with --env-url: the sessions those servers hold "
                       "in all, checked against the run's need (served here, the servers are sized from the config)")
-    _option(options, "report_to", choices=REPORT_TO)
-    _option(options, "gguf", metavar="QUANT")  # beside the adapter and the merged model in RUN_DIR/trained
-    _option(options, "build_llama_cpp", action="store_true")
-    _option(options, "push_to_hub", metavar="OWNER/NAME")
-    _option(options, "eval_days", type=_counting)  # rank 0's, after training, into RUN_DIR/greedy-evals.csv
-    _option(options, "max_new_tokens", type=_positive)
-    return p
-
-
-def _option(options: dict, name: str, **given) -> None:
-    """``--name`` with notebook 03's default and help for the parameter ``name``, unless ``given`` says otherwise, in
-    its group of ``options``."""
-    default = given.pop("default", getattr(GRPORun(), name))
-    text = given.pop("help", GRPORun.help(name)).replace("%", "%%")
-    shown = f" (default: {default})" if default not in (None, "") else ""
-    options[name].add_argument(f"--{name.replace('_', '-')}", default=default, help=text + shown, **given)
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
-    return int(text)
-
-
-def _positive_number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number above 0")
-    return value
-
-
-def _counting(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 0")
-    return int(text)
-
-
-def _setting(text: str) -> tuple[str, object]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.isidentifier():
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
-
-
-def run_of(args) -> GRPORun:
-    """The run the options describe."""
-    return GRPORun(**{name: getattr(args, name) for name in GRPORun.command_options()})
+    options.add("warm_start")
+    options.add("preset", choices=(AUTO, *PRESETS))
+    options.add("trainer", choices=TRAINERS)
+    options.add("max_steps", type=positive)
+    options.add("learning_rate", type=positive_number)
+    options.add("temperature", type=positive_number)
+    options.add("lora_rank", type=positive)
+    options.add("rollouts_a_step", type=positive)
+    options.add("num_generations", type=positive)
+    options.add("save_steps", type=counting)
+    options.group("max_steps").add_argument(
+        "--set", action="append", default=[], type=setting, metavar="KEY=VALUE", dest="overrides",
+        help="a GRPOConfig setting over the preset's, VALUE as JSON (else a string); e.g. steps_per_generation=1 "
+             "where the card has the room; repeatable")
+    options.add("report_to", choices=REPORT_TO)
+    options.add("gguf", metavar="QUANT")  # beside the adapter and the merged model in RUN_DIR/trained
+    options.add("build_llama_cpp", action="store_true")
+    options.add("push_to_hub", metavar="OWNER/NAME")
+    options.add("eval_days", type=counting)  # rank 0's, after training, into RUN_DIR/greedy-evals.csv
+    options.add("max_new_tokens", type=positive)
+    return options
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    run = run_of(args)
+    args, run = options().parse(argv)
     try:
-        try:  # every path reads them later, some only after Unsloth loads (seconds): a bad one is said first
-            settings.check_environment()
-        except settings.SettingError as error:
-            raise UsageError(str(error)) from None
+        check_settings()
         if args.max_concurrent_envs and not args.env_url:
             raise UsageError("--max-concurrent-envs is for servers elsewhere (--env-url): the servers this command "
                              "starts hold the sessions the run's config needs, every rank's")
         problem = (report_to_problem(run.report_to, COMMAND) or hub_problem(run.push_to_hub, COMMAND)
-                   or earlier_steps.warm_start_problem(run.run_dir, run.warm_start, COMMAND)
-                   # FSDP with vLLM, a GPU short, the async trainer without vLLM or on several processes
-                   or launch_problem(run.preset, dict(args.overrides), run.trainer, COMMAND))
+                   or earlier_steps.warm_start_problem(run.run_dir, run.warm_start, COMMAND))
         if problem:
             raise UsageError(problem)
+        preset = grpo_run.run_preset(run, COMMAND)  # "auto": the card's, said in a line; resolved once, handed down
+        # FSDP with vLLM, a GPU short, the async trainer without vLLM or on several processes
+        if problem := launch_problem(preset, dict(args.overrides), run.trainer, COMMAND):
+            raise UsageError(problem)
         model_name = earlier_steps.warm_start(run.run_dir, run.warm_start)
-        preset = grpo_run.run_preset(run, COMMAND)  # "auto": the card's, said in a line
         bundle = None if args.env_url or os.environ.get("RANK", "0") != "0" else where_to_serve(run)
         train(run, args, preset, model_name, bundle)
     except (UsageError, Stop) as error:
@@ -162,19 +103,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error{f' (rank {rank})' if rank not in (None, '0') else ''}: {error}", file=sys.stderr)
         return 2
     return 0
-
-
-def where_to_serve(run: GRPORun):
-    """The bundle resolved (``run.resolve_bundle``: fetched if need be, its sandbox chosen, its envs checked) on the
-    process that will serve it, before anything slow starts: an unknown bundle or an impossible sandbox is said at
-    once."""
-    from agentenv_nb.envs.choice import SandboxError
-    from agentenv_nb.tasks import bundles
-
-    try:
-        return grpo_run.resolve_bundle(run)
-    except (bundles.UnknownBundle, SandboxError, ValueError, RuntimeError) as error:  # ValueError: a bad setting
-        raise UsageError(str(error)) from None
 
 
 def train(run: GRPORun, args, preset, model_name: str, bundle) -> None:
@@ -223,7 +151,7 @@ def _train(run: GRPORun, args, preset, model_name: str, bundle, config, state) -
         print(ASYNC_EVALS + ("" if run.eval_days else ", and --eval-days 0 plays none"))
     limit = _sessions(run, args, bundle, config, state)
     try:
-        env = envs_for_ranks(state, lambda: grpo_run.serve(run, bundle, limit), urls=args.env_url)
+        env = envs_for_ranks(state, lambda: serve(run, bundle, limit), urls=args.env_url)
     except ConnectionError as error:  # an --env-url where no env server answers
         raise UsageError(str(error)) from None
     try:

@@ -6,9 +6,9 @@ each its ``LOCAL_RANK``. Unsloth loads each process's model, and with ``fast_inf
 that same GPU (``vllm_sizing.this_gpu``), not of the current device: accelerate's PartialState sets the device as the
 GRPOConfig is built, Unsloth as the model loads, and a process that sizes vLLM before either would otherwise size GPU 0.
 
-    problem(presets.named("24gb"), processes=2, gpus=1, fsdp=False)   # one line: a GPU for each process
-    async_problem(presets.named("cpu-tiny"), processes=1)               # the async trainer generates on vLLM
-    launch_problem("24gb", {"fsdp": "full_shard"}, trainer="grpo")     # this process's launch: FSDP with vLLM
+    problem(presets.PRESETS["24gb"], processes=2, gpus=1, fsdp=False)   # one line: a GPU for each process
+    async_problem(presets.PRESETS["cpu-tiny"], processes=1)             # the async trainer generates on vLLM
+    launch_problem(preset, {"fsdp": "full_shard"}, trainer="grpo")     # this process's launch: FSDP with vLLM
 """
 
 from __future__ import annotations
@@ -93,14 +93,12 @@ def async_problem(preset: Preset, processes: int, vllm: Callable[[], tuple[bool,
     return None
 
 
-def launch_problem(preset: str, settings: dict, trainer: str = "grpo", naming: Naming = NOTEBOOK) -> str | None:
+def launch_problem(preset: Preset, settings: dict, trainer: str = "grpo", naming: Naming = NOTEBOOK) -> str | None:
     """``problem`` for this process's launch: its launcher's environment, the GPUs it sees, and ``settings`` (the
     GRPOConfig's, over the preset's); then, for the "async" ``trainer``, ``async_problem`` (which imports vLLM)."""
     import torch
 
-    from agentenv_nb.train.presets import named
-
-    found = problem(named(preset), processes_here(), torch.cuda.device_count(), fsdp_requested(settings))
+    found = problem(preset, processes_here(), torch.cuda.device_count(), fsdp_requested(settings))
     if found or trainer != "async":
         return found
-    return async_problem(named(preset), processes_launched(), naming=naming)
+    return async_problem(preset, processes_launched(), naming=naming)

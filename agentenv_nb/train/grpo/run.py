@@ -4,8 +4,8 @@ notebook's cells call in order, as the training command (``python -m agentenv_nb
     run = GRPORun.of(globals())                     # the notebook's parameters cell; or GRPORun(preset="16bit")
     preset = run_preset(run)                        # PRESET, with the run's LoRA rank and rollouts over its own
     config = run_config(run, preset, warm_start)    # TRAINER's config, resuming from RUN_DIR/grpo's last checkpoint
-    bundle = resolve_bundle(run)                    # fetched, its sandbox chosen, its envs checked
-    env = serve(run, bundle, session_limit(run, config, bundle))
+    bundle = resolve_bundle(run)                    # train.run's: fetched, its sandbox chosen, its envs checked
+    env = serve(run, bundle, session_limit(run, config, bundle))   # train.run's, holding the sessions the run opens
     model, tokenizer = load(preset, warm_start, env)
     trainer = train(run, preset, model, tokenizer, config, env, callbacks=[live])   # trial step, fit, state saved
     played, table = greedy_eval(run, trainer.model, tokenizer, env, config)
@@ -16,124 +16,80 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import typing
 
-from agentenv_nb.envs.serve.processes import MOST_SERVERS, servers_for_host
 from agentenv_nb.stops import Stop
-from agentenv_nb.tasks.bundles import BUNDLES_DIR
 from agentenv_nb.train.naming import NOTEBOOK, Naming
+from agentenv_nb.train.presets.recipes import PRESETS
+from agentenv_nb.train.run import PRESET_HELP, Run, parameter
 
-SANDBOXES = ("auto", "process", "modal", "local")
+RECIPE = PRESETS["24gb"]  # the recipe's figures, which a trainer setting's help says "unset" gives
 
 
-def _parameter(default, help: str, notebook_only: bool = False, opens: str = ""):
-    """A parameter: its default, its help, whether only the notebook takes it; ``opens``: the group it opens."""
-    return dataclasses.field(default=default, metadata={"help": help, "notebook_only": notebook_only, "opens": opens})
+def _figures(setting, small: str = "") -> str:
+    """What "unset" gives for a trainer setting, from the presets themselves: ``setting`` (a field's name, or a
+    function of a preset) in the recipe, in a small model (the recipe's field ``small``), then in each preset that
+    differs from the recipe."""
+    value = setting if callable(setting) else lambda preset: getattr(preset, setting)
+    shown = [f"{value(RECIPE):g}"]
+    if small:
+        shown.append(f"a model under {RECIPE.small_model_below / 1e9:g}B parameters {getattr(RECIPE, small):g}")
+    shown += [f"'{name}' {value(preset):g}" for name, preset in PRESETS.items() if value(preset) != value(RECIPE)]
+    return f"({'; '.join(shown)})"
+
+
+def _rollouts_a_step(preset) -> int:
+    return preset.per_device_train_batch_size * preset.gradient_accumulation_steps
 
 
 @dataclasses.dataclass(frozen=True)
-class GRPORun:
+class GRPORun(Run):
     """A GRPO run's parameters, in groups as TRL's GRPOConfig has its own ("Parameters that control ...", ``groups``):
-    the data and where the run goes, the model and the trainer, the training, the envs, the logging and the export,
-    the greedy eval after training."""
+    the data and where the run goes, the envs (``Run``'s, every stage's), then the model and the trainer, the training,
+    the logging and the export, the greedy eval after training."""
 
-    bundle: str = _parameter("gridsim-v1", "a name from bundles.txt, or a bundle folder",
-                             opens="the data, and where the run goes")
-    bundles_dir: str = _parameter(BUNDLES_DIR, "where bundles are downloaded or generated")
-    run_dir: str = _parameter("runs/gridsim", "where models, checkpoints, logs and plots go; GRPO's in RUN_DIR/grpo")
+    warm_start: str = parameter("", "the SFT model, a folder or a Hub id; empty: RUN_DIR/sft/merged, which notebook "
+                                    "02 writes", opens="the model and the trainer")
+    preset: str = parameter("auto", PRESET_HELP)
 
-    warm_start: str = _parameter("", "the SFT model, a folder or a Hub id; empty: RUN_DIR/sft/merged, which notebook "
-                                     "02 writes", opens="the model and the trainer")
-    preset: str = _parameter("auto", "'auto': the preset that fits this card ('24gb', the recipe's, on 20 GB or more, "
-                                     "vLLM's weights the fastest that fit; '16gb' below, as on a T4; 'cpu-tiny' with "
-                                     "no GPU); or a name from presets.PRESETS ('16bit': LoRA on 16-bit weights)")
-    trainer: str = _parameter("grpo", "'grpo': TRL's GRPOTrainer (Unsloth's), eval points every eval_steps; 'async': "
-                                      "Unsloth's AsyncGRPOTrainer, generating the next batch on the model's own vLLM "
-                                      "while this one trains (one GPU with vLLM; no eval loop: the greedy eval after "
-                                      "training is its figure)")
+    trainer: str = parameter("grpo", "'grpo': TRL's GRPOTrainer (Unsloth's), eval points every eval_steps; 'async': "
+                                     "Unsloth's AsyncGRPOTrainer, generating the next batch on the model's own vLLM "
+                                     "while this one trains (one GPU with vLLM; no eval loop: the greedy eval after "
+                                     "training is its figure)")
 
-    max_steps: int | None = _parameter(None, "the step to train to, more to learn more; unset: the preset's max_steps "
-                                             "(40; 'cpu-tiny' 4)",
-                                       opens="the training, over the preset's")
-    learning_rate: float | None = _parameter(None, "the optimizer's peak learning rate, lower where the reward "
-                                                   "swings or the tools are dropped; unset: the preset's (2e-05; a "
-                                                   "model under 1B parameters and 'cpu-tiny' 0.0001)")
-    temperature: float | None = _parameter(None, "the rollouts' sampling temperature, higher where a group's "
-                                                 "rollouts score alike; unset: the preset's (1.1; a model under 1B "
-                                                 "parameters 0.7; 'cpu-tiny' 0.8)")
-    lora_rank: int | None = _parameter(None, "LoRA's rank r, its alpha scaled with it (r32/alpha64), larger to "
-                                             "learn more, slower; unset: the preset's (32)")
-    rollouts_a_step: int | None = _parameter(None, "the rollouts a step trains on, a GPU's: tasks a step x "
-                                                   "num_generations, fewer where a step doesn't fit the card; unset: "
-                                                   "the preset's (32; '16gb' 16; 'cpu-tiny' 8)")
-    num_generations: int | None = _parameter(None, "rollouts a task, the group GRPO compares, more where a group's "
-                                                   "rollouts score alike; unset: the preset's (8; 'cpu-tiny' 4)")
-    save_steps: int = _parameter(5, "a checkpoint every this many steps, to resume from, lower to lose less "
-                                    "to a disconnect (0: none)")
+    max_steps: int | None = parameter(None, "the step to train to, more to learn more; unset: the preset's max_steps "
+                                            f"{_figures('max_steps')}", opens="the training, over the preset's")
+    learning_rate: float | None = parameter(None, "the optimizer's peak learning rate, lower where the reward "
+                                                  "swings or the tools are dropped; unset: the preset's "
+                                                  f"{_figures('learning_rate', small='small_learning_rate')}")
+    temperature: float | None = parameter(None, "the rollouts' sampling temperature, higher where a group's "
+                                                "rollouts score alike; unset: the preset's "
+                                                f"{_figures('temperature', small='small_temperature')}")
+    lora_rank: int | None = parameter(None, "LoRA's rank r, its alpha scaled with it "
+                                            f"(r{RECIPE.lora_r}/alpha{RECIPE.lora_alpha}), larger to learn more, "
+                                            f"slower; unset: the preset's {_figures('lora_r')}")
+    rollouts_a_step: int | None = parameter(None, "the rollouts a step trains on, a GPU's: tasks a step x "
+                                                  "num_generations, fewer where a step doesn't fit the card; unset: "
+                                                  f"the preset's {_figures(_rollouts_a_step)}")
+    num_generations: int | None = parameter(None, "rollouts a task, the group GRPO compares, more where a group's "
+                                                  f"rollouts score alike; unset: the preset's "
+                                                  f"{_figures('num_generations')}")
+    save_steps: int = parameter(5, "a checkpoint every this many steps, to resume from, lower to lose less "
+                                   "to a disconnect (0: none)")
 
-    sandbox: str = _parameter("auto", "where envs run: 'auto' (chosen for the bundle), 'process', 'modal', 'local' "
-                                      "(Docker)", opens="the envs")
-    server_processes: int = _parameter(servers_for_host(), "env servers beside the trainer, off its GIL (default: one "
-                                                           f"a core, up to {MOST_SERVERS}); 0: a thread of this "
-                                                           "process")
-    reward: str = _parameter("", "for tasks that record several scores: 'mean', 'min', 'max' of them, or a score's "
-                                 "step id; empty: the task's one score")
-    toolsets: str = _parameter("first", "'each' for a bundle whose tasks differ in tools (a class a toolset, each row "
-                                        "routed to its own); 'first': the first task's tools are every task's")
+    report_to: str = parameter("none", "also log to 'tensorboard', 'trackio' or 'wandb': reward and every score, by "
+                                       "step", opens="the logging and the export")
+    gguf: str = parameter("q8_0", "the GGUF export's quantization, where llama.cpp is built; '' for none")
+    build_llama_cpp: bool = parameter(False, "where no built llama.cpp is found, let Unsloth's exporter download and "
+                                             "build it for the GGUF: minutes, and a network (Colab has one)")
+    push_to_hub: str = parameter("", "a Hub repo (you/my-agent) for the trained model, private; needs "
+                                     "HF_TOKEN")
 
-    report_to: str = _parameter("none", "also log to 'tensorboard', 'trackio' or 'wandb': reward and every score, by "
-                                        "step", opens="the logging and the export")
-    gguf: str = _parameter("q8_0", "the GGUF export's quantization, where llama.cpp is built; '' for none")
-    build_llama_cpp: bool = _parameter(False, "where no built llama.cpp is found, let Unsloth's exporter download and "
-                                              "build it for the GGUF: minutes, and a network (Colab has one)")
-    push_to_hub: str = _parameter("", "a Hub repo (you/my-agent) for the trained model, private; needs "
-                                      "HF_TOKEN")
-
-    eval_days: int = _parameter(50, "eval tasks played greedily after training, the first ones, as notebook 02 "
-                                    "scores the warm start (give both the same); 0: none",
-                                opens="the greedy eval after training")
-    max_new_tokens: int = _parameter(256, "a reply's budget in that eval, as notebook 02's")
-    try_day: int = _parameter(0, "the eval task notebook 03's \"Try it\" plays, by its index", notebook_only=True)
-    try_prompt: str = _parameter("", "your own words for that task, in place of its prompt", notebook_only=True)
-
-    @classmethod
-    def of(cls, parameters: dict) -> GRPORun:
-        """The run a notebook's parameters cell sets: of ``parameters`` (its ``globals()``), the notebook's names."""
-        return cls(**{field.name: parameters[field.name.upper()] for field in dataclasses.fields(cls)})
-
-    def parameters(self) -> dict:
-        """The parameters under the notebook's names: {"BUNDLE": ..., "MAX_STEPS": ...}."""
-        return {field.name.upper(): getattr(self, field.name) for field in dataclasses.fields(self)}
-
-    def changed(self) -> dict:
-        """The parameters, under the notebook's names, that differ from the defaults."""
-        default = type(self)()
-        return {name: value for name, value in self.parameters().items()
-                if value != getattr(default, name.lower())}
-
-    @classmethod
-    def command_options(cls) -> list[str]:
-        """The parameters the training command takes too: all but those of the notebook's own cells ("Try it")."""
-        return [field.name for field in dataclasses.fields(cls) if not field.metadata["notebook_only"]]
-
-    @classmethod
-    def help(cls, name: str) -> str:
-        """What parameter ``name`` (``max_steps`` or ``MAX_STEPS``) sets."""
-        return cls.__dataclass_fields__[name.lower()].metadata["help"]
-
-    @classmethod
-    def groups(cls) -> dict[str, list[str]]:
-        """The parameters by group, in order, under the words that end each heading ("Parameters that control ...")."""
-        groups: dict[str, list[str]] = {}
-        for field in dataclasses.fields(cls):
-            groups.setdefault(field.metadata["opens"] or list(groups)[-1], []).append(field.name)
-        return groups
-
-    @classmethod
-    def kind(cls, name: str) -> type:
-        """The type of parameter ``name``'s values, None aside: ``int`` for ``max_steps``."""
-        hint = typing.get_type_hints(cls)[name.lower()]
-        return next((arg for arg in typing.get_args(hint) if arg is not type(None)), hint)
+    eval_days: int = parameter(50, "eval tasks played greedily after training, the first ones, as notebook 02 "
+                                   "scores the warm start (give both the same); 0: none",
+                               opens="the greedy eval after training")
+    max_new_tokens: int = parameter(256, "a reply's budget in that eval, as notebook 02's")
+    try_day: int = parameter(0, "the eval task notebook 03's \"Try it\" plays, by its index", notebook_only=True)
+    try_prompt: str = parameter("", "your own words for that task, in place of its prompt", notebook_only=True)
 
 
 # The run's steps, in the order notebook 03 calls them
@@ -174,13 +130,6 @@ def run_config(run: GRPORun, preset, model_name: str, **overrides):
         "model_name": model_name, **chosen, **overrides})
 
 
-def resolve_bundle(run: GRPORun):
-    """The run's bundle resolved once (``envs.resolve``): fetched, its sandbox chosen, its envs checked."""
-    from agentenv_nb.envs.resolve import resolve
-
-    return resolve(run.bundle, run.sandbox, bundle_dir=run.bundles_dir)
-
-
 def greedy_eval_sessions(run: GRPORun, config) -> int:
     """The sessions played beside the trainer's after training, while its environments still hold theirs: the greedy
     eval's, an eval batch of EVAL_DAYS at most, or the one of notebook 03's "Try it" where there is no eval."""
@@ -194,15 +143,6 @@ def session_limit(run: GRPORun, config, bundle) -> int:
     from agentenv_nb.train.sessions import sessions_needed
 
     return sessions_needed(config, toolset_count(bundle.folder, run.toolsets), beside=greedy_eval_sessions(run, config))
-
-
-def serve(run: GRPORun, bundle, sessions: int):
-    """``bundle`` (resolved) served here for the run, holding ``sessions`` (``session_limit``), from SERVER_PROCESSES
-    processes beside this one (0: a thread), with the run's reward and toolsets; the train split's ``AgentEnv``."""
-    from agentenv_nb import AgentEnv
-
-    return AgentEnv.local(dataclasses.replace(bundle, max_concurrent_envs=sessions), split="train",
-                          processes=run.server_processes, reward=run.reward or None, toolsets=run.toolsets)
 
 
 def load(preset, model_name: str, env):

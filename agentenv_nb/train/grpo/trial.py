@@ -2,7 +2,7 @@
 the card's, said in one line: "fits: peak 19.1 of 24.0 GB; about 5 s a step, 4 minutes for 40 steps", or the preset
 setting to lower, and to what, where it doesn't fit.
 
-    print(trial.check(model, tokenizer, config, env, PRESET))   # before fit(trainer); a CPU preset: skipped, said
+    print(trial.check(model, tokenizer, config, env, preset))   # before fit(trainer); a CPU preset: skipped, said
                                                                 # where it doesn't fit: Stop, with that line
 
 The worst case: the split's longest prompt in every row of a step, each rollout made to write ``max_completion_length``
@@ -130,7 +130,6 @@ def trial_step(model, tokenizer, config, env) -> Measured:
 def check(model, tokenizer, config, env, preset, force: bool = False) -> str:
     """The trial step's line for this run, or, on a CPU preset (unless ``force``), that it is skipped. Where the step
     doesn't fit, ``Stop`` with that line: the run would run out of memory at its longest step, so none is trained."""
-    preset = presets.named(preset)
     if preset.gpu_gb is None and not force:
         return f"trial step skipped: {preset.name} is a CPU preset (it measures a GPU's memory)"
     if type(config).__name__ == "AsyncGRPOConfig":
@@ -139,7 +138,7 @@ def check(model, tokenizer, config, env, preset, force: bool = False) -> str:
     import torch
 
     if torch.cuda.is_available():
-        from agentenv_nb.train.model.vllm_sizing import gpu_memory
+        from agentenv_nb.train.presets.vllm_sizing import gpu_memory
 
         card, cap = gpu_memory()
         allowed = (cap or card) / 1e9

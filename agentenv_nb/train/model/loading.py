@@ -18,7 +18,7 @@ from agentenv_nb.library_log import to_log
 from agentenv_nb.stack import import_unsloth
 from agentenv_nb.stops import Stop
 from agentenv_nb.train import presets
-from agentenv_nb.train.model import vllm_sizing
+from agentenv_nb.train.presets import vllm_sizing
 from agentenv_nb.train.model.tool_template import use_tool_template
 
 TINY = "tiny"
@@ -30,7 +30,7 @@ def corpus(conversations: Iterable[dict]) -> list[str]:
     return [json.dumps({"messages": c["messages"], "tools": c["tools"]}) for c in conversations]
 
 
-def load_model(name: str, preset: str, stage: str = "grpo", *, corpus: Iterable[str] = (),
+def load_model(name: str, preset: presets.Preset | str, stage: str = "grpo", *, corpus: Iterable[str] = (),
                models_dir: str | Path = "models"):
     """``name`` (a Hub id, a folder, a GGUF file or a folder holding one, or "tiny", built from ``corpus``) loaded
     as ``preset`` says for ``stage`` ("sft" or "grpo"): with LoRA on every linear layer, or every weight trainable
@@ -42,6 +42,8 @@ def load_model(name: str, preset: str, stage: str = "grpo", *, corpus: Iterable[
     import_unsloth()
     from transformers.trainer_utils import align_special_tokens
     from unsloth import FastLanguageModel
+
+    preset = presets.named(preset)  # a run hands its own down; a name is looked up here, once
 
     vllm_sizing.hold_to_budget()
     gguf = None if name == TINY else gguf_file(name)

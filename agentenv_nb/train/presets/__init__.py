@@ -1,7 +1,8 @@
 """The trainer settings: the presets as data (``recipes``: ``Preset``, ``PRESETS``, ``table``), what a preset becomes
 on this machine and for this model (``choices``: vLLM or not, its weights, the memory needed, a small model or not),
 and the arguments built from both for Unsloth's loader, PEFT and TRL's configs (``arguments``; ``configs`` builds
-and checks those configs). This package is their one entry::
+and checks those configs); ``vllm_sizing`` sizes vLLM's share of the card and the precision of its weights, which
+``choices`` decides from. This package is their one entry::
 
     from agentenv_nb.train import presets
 

@@ -2,11 +2,13 @@
 vLLM generates here (``fast_inference``), the precision of its weights (``vllm_weights``: as the model loads and as
 preflight counts the memory), the GPU memory the run needs (``gpu_need_gb``), the training precision, torch's threads,
 what trains in full, and whether a model gets the preset's small-model settings (``small_model``: for SFT and GRPO
-alike); and the preset's settings as a table, with what a run's config and model became (``table``).
+alike); and the preset's settings as a table, with what a run's config and model became (``table``). Each takes
+the ``Preset`` its run resolved once (``recipes.named``); ``table``, a view, takes a name too.
 
-    presets.vllm_weights("24gb", "unsloth/Qwen3-4B")   # "16bit" on an L4: its weights and a step's KV cache fit
-    presets.gpu_need_gb("24gb", "unsloth/Qwen3-4B")    # the GB free the GRPO run needs here
-    presets.small_model("24gb", model)                 # a folder, a Hub id or a loaded model: the same answer
+    preset = presets.named("24gb")
+    presets.vllm_weights(preset, "unsloth/Qwen3-4B")   # "16bit" on an L4: its weights and a step's KV cache fit
+    presets.gpu_need_gb(preset, "unsloth/Qwen3-4B")    # the GB free the GRPO run needs here
+    presets.small_model(preset, model)                 # a folder, a Hub id or a loaded model: the same answer
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import functools
 
 from agentenv_nb import settings
 from agentenv_nb.stack import vllm_available
-from agentenv_nb.train.model import vllm_sizing
+from agentenv_nb.train.presets import vllm_sizing
 from agentenv_nb.train.presets.recipes import AUTO, PARTS, Preset, named
 
 
@@ -32,9 +34,9 @@ def _vllm_generates() -> bool:
     return ok
 
 
-def fast_inference(preset: Preset | str) -> bool:
+def fast_inference(preset: Preset) -> bool:
     """Whether a preset generates on Unsloth's colocated vLLM: where it asks to and vLLM imports."""
-    return named(preset).vllm and _vllm_generates()
+    return preset.vllm and _vllm_generates()
 
 
 @functools.cache
@@ -42,12 +44,11 @@ def _say(line: str) -> None:
     print(line)
 
 
-def vllm_weights(preset: Preset | str, model_name: str | None = None) -> str | None:
+def vllm_weights(preset: Preset, model_name: str | None = None) -> str | None:
     """The precision vLLM generates ``model_name`` in for ``preset`` (one of ``vllm_sizing.WEIGHTS``), which the
     model loads in (``model_kwargs``) and preflight counts the memory of (``gpu_need_gb``): the preset's own, else
     AGENTENV_NB_VLLM_WEIGHTS, else the fastest that fits this card, said in one line (once). None where the card
     would choose and no model is named."""
-    preset = named(preset)
     if preset.vllm_weights not in (AUTO, *vllm_sizing.WEIGHTS):
         raise ValueError(f"vllm_weights={preset.vllm_weights!r}: choose 'auto' or one of {vllm_sizing.WEIGHTS}")
     if preset.vllm_weights != AUTO:
@@ -67,20 +68,18 @@ def vllm_weights(preset: Preset | str, model_name: str | None = None) -> str | N
     return choice
 
 
-def vllm_utilization(preset: Preset | str, weights: str) -> float:
+def vllm_utilization(preset: Preset, weights: str) -> float:
     """vLLM's ``gpu_memory_utilization`` for ``preset`` with weights in ``weights``: its share of the memory the run
     may use, as a share of the whole card."""
-    preset = named(preset)
     share = preset.vllm_share_16bit if weights == "16bit" else preset.vllm_share
     return vllm_sizing.gpu_memory_utilization(share, *vllm_sizing.gpu_memory(), made_for_bytes=preset.gpu_gb * 1e9)
 
 
-def gpu_need_gb(preset: Preset | str, model_name: str | None = None, *, weights: str | None = None,
+def gpu_need_gb(preset: Preset, model_name: str | None = None, *, weights: str | None = None,
                 vllm: bool | None = None) -> float:
     """The free GPU memory ``preset``'s GRPO run on ``model_name`` needs here: less where it generates without vLLM
     (``vllm``; None: where it does here), or from 4-bit or fp8 weights (``weights``; None: ``vllm_weights``'s, and
     16-bit's where that is the card's to choose and no model is named)."""
-    preset = named(preset)
     if not (fast_inference(preset) if vllm is None else vllm):
         return preset.gpu_need_gb_without_vllm
     quantized = (weights or vllm_weights(preset, model_name)) in ("4bit", "fp8")
@@ -93,13 +92,12 @@ vllm/config/model.py, https://github.com/vllm-project/vllm): they train and gene
 has no bf16 (a T4)."""
 
 
-def training_precision(preset: Preset | str, host=None, model=None) -> str:
+def training_precision(preset: Preset, host=None, model=None) -> str:
     """The precision ``preset`` trains ``model`` (as ``small_model`` takes it; None: any) in: its own, else
     AGENTENV_NB_PRECISION, else the card's (``host.plan``) of ``host`` (a ``host.probe.Host``; None: this machine);
     fp32 in place of fp16 for a family that fp16 breaks (``FLOAT16_REFUSED``), said in one line."""
     from agentenv_nb.host.plan import plan_here, precision_for
 
-    preset = named(preset)
     if preset.precision != AUTO:
         precision = preset.precision
     else:
@@ -124,28 +122,27 @@ def _model_type(model) -> str | None:
         return None
 
 
-def torch_threads(preset: Preset | str) -> int | None:
+def torch_threads(preset: Preset) -> int | None:
     """Torch's CPU threads for a preset, or None for torch's default."""
-    return named(preset).torch_threads
+    return preset.torch_threads
 
 
-def full_finetuning(preset: Preset | str, stage: str, model=None) -> bool:
+def full_finetuning(preset: Preset, stage: str, model=None) -> bool:
     """Whether ``stage`` ("sft" or "grpo") trains every weight of ``model`` rather than LoRA: a preset's full SFT is
     for the tiny random model, not a pretrained one (``pretrained``)."""
-    return stage == "sft" and named(preset).full_finetuning_sft and not pretrained(preset, model)
+    return stage == "sft" and preset.full_finetuning_sft and not pretrained(preset, model)
 
 
-def pretrained(preset: Preset | str, model) -> bool:
+def pretrained(preset: Preset, model) -> bool:
     """Whether ``model`` (as ``small_model`` takes it) gets ``preset``'s ``pretrained_*`` settings: at least
     ``pretrained_from`` parameters, where the preset is made for the tiny random model."""
-    start = named(preset).pretrained_from
+    start = preset.pretrained_from
     return start is not None and model is not None and vllm_sizing.parameter_count(model) >= start
 
 
-def size_problem(preset: Preset | str, model) -> str | None:
+def size_problem(preset: Preset, model) -> str | None:
     """Why ``preset`` can't train ``model`` (as ``small_model`` takes it) here in reasonable time, in one line that
     says what to do; None where it can."""
-    preset = named(preset)
     if preset.largest_model is None or (count := vllm_sizing.parameter_count(model)) <= preset.largest_model:
         return None
     return (f"the model has {count / 1e9:.1f}B parameters, more than the '{preset.name}' preset trains on this machine "
@@ -153,11 +150,11 @@ def size_problem(preset: Preset | str, model) -> str | None:
             "T4, '24gb'), or bring a smaller model")
 
 
-def small_model(preset: Preset | str, model) -> bool:
+def small_model(preset: Preset, model) -> bool:
     """Whether ``model`` (a folder, a Hub id or a loaded model; None: none named) gets ``preset``'s ``small_*``
     settings: fewer than ``small_model_below`` parameters, counted from its config (``vllm_sizing.parameter_count``),
     so a loaded model's SFT and its saved folder's GRPO decide alike, whatever LoRA or 4-bit packing it holds."""
-    below = named(preset).small_model_below
+    below = preset.small_model_below
     return bool(below) and model is not None and vllm_sizing.parameter_count(model) < below
 
 
@@ -168,7 +165,7 @@ def table(preset: Preset | str, config=None, model=None):
     ``vllm``), which the card's choice of vLLM's weights decides, and the precision it trains in (its family's)."""
     import pandas as pd
 
-    preset = named(preset)
+    preset = named(preset)  # a user's view: a name will do
     rows = sorted(([field.metadata["part"], field.name, getattr(preset, field.name)]
                    for field in dataclasses.fields(preset) if "part" in field.metadata),
                   key=lambda row: PARTS.index(row[0]))

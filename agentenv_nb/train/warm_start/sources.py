@@ -4,7 +4,7 @@ demonstrations a user gives (a JSONL, ``train.warm_start.user_demos``), else the
 
     start = choose(bundle, env, demos="my-demos.jsonl")   # says which, and why
     train_set = start.sft_dataset(model, tokenizer, env, "cpu-tiny")
-    check_learned(summary(played), "24gb")                # Stop in one line where it didn't; on the CPU a warning
+    check_learned(summary(played), preset)                # Stop in one line where it didn't; on the CPU a warning
 """
 
 from __future__ import annotations
@@ -84,11 +84,11 @@ def learning_problem(scored: dict[str, float]) -> str | None:
     return None
 
 
-def check_learned(scored: dict[str, float], preset: presets.Preset | str) -> None:
+def check_learned(scored: dict[str, float], preset: presets.Preset) -> None:
     """Stop, in one line that says what to do, where the warm start didn't learn (``learning_problem``); on a CPU
     preset print it as a warning with its reason, and go on: the tiny model learns the form, not the task."""
     if (problem := learning_problem(scored)) is None:
         return
-    if not presets.named(preset).on_cpu:
+    if not preset.on_cpu:
         raise Stop(problem)
     print(f"warning: {problem}. This is {TINY_CANT}.")
