@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-FITS = re.compile(r"fits: peak ([\d.]+) of ([\d.]+) GB; about ([\d.]+) (s|minutes|hours) a step")
+FITS = re.compile(r"fits: peak ([\d.]+) of ([\d.]+) GB; at most about ([\d.]+) (s|minutes|hours) a step")
 TRAINED = re.compile(r"trained to step (\d+) of (\d+) in .*, peak GPU memory ([\d.]+) GiB")
 SECONDS = {"s": 1, "minutes": 60, "hours": 3600}
 

@@ -248,3 +248,20 @@ def test_a_family_whose_vllm_refuses_float16_trains_in_fp32_where_the_card_has_n
     assert presets.table("16gb", model=loaded).loc["precision", "config"] == "fp32"
     monkeypatch.setenv("AGENTENV_NB_PRECISION", "bf16")
     assert presets.training_precision(PRESETS["16gb"], model=gemma) == "bf16"
+
+
+def test_an_sft_micro_batch_holds_what_its_logits_leave_room_for():
+    """Gemma 3 270M's SFT ran out of memory on a 24 GB card beside vLLM: 16 conversations of about 906 tokens a
+    micro-batch, float32 logits over 262,144 tokens (15.2 GB; "Tried to allocate 14.17 GiB", 9.2 GB free). Its
+    micro-batch shrinks, keeping a step's 16 conversations; SmolLM2's (49,152 tokens) and a CPU's stay."""
+    from agentenv_nb.train.presets.choices import sft_micro_batch
+
+    free = 24e9 - 13.75 * 2**30
+    batch, accumulation, line = sft_micro_batch(16, 1, 906, 262_144, free)
+    assert (batch, accumulation) == (4, 4) and batch * 906 * 262_144 * 4 <= free / 2
+    assert "16 conversations of up to 906 tokens a micro-batch make 15.2 GB of logits" in line
+    assert "4 a micro-batch (3.8 GB) and 4 micro-batches a step, the same 16 conversations a step" in line
+    assert sft_micro_batch(16, 1, 906, 49_152, free) == (16, 1, "")
+    assert sft_micro_batch(16, 1, 906, 262_144, None) == (16, 1, "")
+    batch, accumulation, line = sft_micro_batch(4, 4, 16_000, 262_144, free)  # one conversation is too much
+    assert (batch, accumulation) == (1, 16) and "lower sft_max_length" in line

@@ -17,7 +17,7 @@ SETTINGS = dict(max_steps=40, batch=8, accumulation=4, completion_length=1024)  
 
 def test_a_step_that_fits_says_its_peak_and_the_runs_time():
     assert verdict(Measured(5.2, 19.1, 6.0), 24.0, **SETTINGS) == (
-        "fits: peak 19.1 of 24.0 GB; about 5.2 s a step, 3.5 minutes for 40 steps")
+        "fits: peak 19.1 of 24.0 GB; at most about 5.2 s a step, 3.5 minutes for 40 steps")
 
 
 def test_a_step_that_doesnt_fit_says_what_to_lower_and_to_what():
@@ -64,7 +64,7 @@ def test_the_trial_step_runs_the_worst_case_on_cpu_and_trains_nothing(short_and_
     assert check(model, tokenizer, config, short_and_long, PRESETS["cpu-tiny"]) == (
         "trial step skipped: cpu-tiny is a CPU preset (it measures a GPU's memory)")
     line = check(model, tokenizer, config, short_and_long, PRESETS["cpu-tiny"], force=True)
-    assert line.startswith("trial step on the CPU: about ") and line.endswith(" for 30 steps")
+    assert line.startswith("trial step on the CPU: at most about ") and line.endswith(" for 30 steps")
     assert not list(tmp_path.iterdir())  # nothing written into the run's own folder
     logs = {"loss": 0.0}
     short_and_long.metrics.on_log(None, TrainerState(), None, logs=logs)

@@ -1,6 +1,6 @@
-"""The longest step first: one GRPO step at the run's worst case before training, its peak memory and time against
-the card's, said in one line: "fits: peak 19.1 of 24.0 GB; about 5 s a step, 4 minutes for 40 steps", or the preset
-setting to lower, and to what, where it doesn't fit.
+"""The longest step first: GRPO steps at the run's worst case before training, their peak memory and time against
+the card's, said in one line: "fits: peak 19.1 of 24.0 GB; at most about 5 s a step, 4 minutes for 40 steps", or
+the preset setting to lower, and to what, where it doesn't fit.
 
     print(trial.check(model, tokenizer, config, env, preset))   # before fit(trainer); a CPU preset: skipped, said
                                                                 # where it doesn't fit: Stop, with that line
@@ -49,7 +49,7 @@ def verdict(measured: Measured, allowed_gb: float | None, max_steps: int, batch:
     ``gradient_accumulation_steps`` raised to keep a step's rollouts; at one a micro-batch, ``max_completion_length``
     is lowered instead."""
     run = duration(measured.seconds * max_steps)
-    timing = f"about {duration(measured.seconds)} a step, {run} for {max_steps} steps"
+    timing = f"at most about {duration(measured.seconds)} a step, {run} for {max_steps} steps"  # the worst case's
     if allowed_gb is None:
         return f"trial step on the CPU: {timing}"
     peak = f"peak {measured.peak_gb:.1f} of {allowed_gb:.1f} GB"

@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 from agentenv_nb.stack import import_unsloth
-from agentenv_nb.train.presets import choices, configs
+from agentenv_nb.train.presets import choices, configs, vllm_sizing
 from agentenv_nb.train.presets.recipes import Preset, named
 
 TRAINERS = ("grpo", "async")  # the configs trainer_config builds; train.grpo.trainer.trainer_for makes their trainers
@@ -129,10 +129,13 @@ def grpo_kwargs(preset: Preset | str, output_dir: str = "outputs", max_steps: in
 
 
 def sft_kwargs(preset: Preset | str, output_dir: str = "sft-outputs", max_steps: int | None = None,
-               save_steps: int | None = None, resume: bool | str = False, model=None, **overrides: Any) -> dict:
+               save_steps: int | None = None, resume: bool | str = False, model=None,
+               longest_tokens: int | None = None, **overrides: Any) -> dict:
     """The SFTConfig arguments of a preset's warm start: assistant-only loss on chats with tool calls; a small
     ``model`` (a name or a loaded model, ``choices.small_model``) gets the preset's ``small_sft_*``, a pretrained one
-    on a preset made for the tiny model its ``pretrained_sft_*`` (``choices.pretrained``)."""
+    on a preset made for the tiny model its ``pretrained_sft_*`` (``choices.pretrained``). With a loaded ``model``
+    and its demonstrations' ``longest_tokens``, a micro-batch holds no more conversations than their logits leave
+    room for on this GPU (``choices.sft_micro_batch``, said in one line)."""
     preset = named(preset)
     kwargs = {
         **_named_as(preset, "sft", prefix="sft_"), **_shared(preset, model),
@@ -150,6 +153,14 @@ def sft_kwargs(preset: Preset | str, output_dir: str = "sft-outputs", max_steps:
         kwargs.update(max_steps=preset.pretrained_sft_max_steps, learning_rate=preset.pretrained_sft_learning_rate)
     if max_steps is not None:
         kwargs["max_steps"] = max_steps
+    if longest_tokens and hasattr(model, "get_output_embeddings"):
+        batch, accumulation, line = choices.sft_micro_batch(
+            kwargs["per_device_train_batch_size"], kwargs["gradient_accumulation_steps"],
+            min(longest_tokens, kwargs["max_length"]), model.get_output_embeddings().weight.shape[0],
+            vllm_sizing.free_for_training())
+        kwargs.update(per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation)
+        if line:
+            print(line)
     return {**kwargs, **_checkpointing(output_dir, save_steps, resume), **overrides}
 
 

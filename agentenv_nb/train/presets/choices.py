@@ -158,6 +158,38 @@ def small_model(preset: Preset, model) -> bool:
     return bool(below) and model is not None and vllm_sizing.parameter_count(model) < below
 
 
+LOGITS_SHARE = 0.5  # of the GPU memory free as SFT starts, what a micro-batch's logits may take: the rest holds
+                   # their gradient and the activations
+
+
+def sft_micro_batch(batch: int, accumulation: int, longest_tokens: int, vocab: int,
+                    free_bytes: float | None) -> tuple[int, int, str]:
+    """SFT's conversations a micro-batch and micro-batches a step, where a micro-batch's float32 logits (``batch`` x
+    ``longest_tokens`` x ``vocab`` x 4 bytes: a 262k-token vocabulary makes them 5x a 49k one's) must fit
+    ``LOGITS_SHARE`` of ``free_bytes`` (None: no GPU, no limit): the most conversations that fit, of those dividing
+    a step's, with the accumulation raised to keep a step's; and the line saying so where they changed ("" where
+    not). At one a micro-batch that doesn't fit, the line says to shorten the conversations."""
+    if free_bytes is None:
+        return batch, accumulation, ""
+    room, rows = LOGITS_SHARE * free_bytes, batch * accumulation
+    logits = longest_tokens * vocab * 4
+
+    def gb(n: int) -> str:
+        return f"{n * logits / 1e9:.1f} GB"
+
+    if batch * logits <= room:
+        return batch, accumulation, ""
+    fits = [b for b in range(batch - 1, 0, -1) if rows % b == 0 and b * logits <= room]
+    why = (f"{batch} conversations of up to {longest_tokens} tokens a micro-batch make {gb(batch)} of logits over "
+           f"the model's {vocab:,}-token vocabulary, more than {room / 1e9:.1f} GB ({LOGITS_SHARE:.0%} of the "
+           f"{free_bytes / 1e9:.1f} GB free)")
+    if not fits:
+        return 1, rows, (f"SFT: {why}; even one ({gb(1)}) may not fit: lower sft_max_length "
+                         "(dataclasses.replace(preset, sft_max_length=...)) or train on a larger card")
+    return fits[0], rows // fits[0], (f"SFT: {why}: {fits[0]} a micro-batch ({gb(fits[0])}) and "
+                                      f"{rows // fits[0]} micro-batches a step, the same {rows} conversations a step")
+
+
 def table(preset: Preset | str, config=None, model=None):
     """Every setting of ``preset`` by part, as a pandas DataFrame; with a GRPOConfig built from it (``grpo_config``),
     also what that config holds of each GRPO setting (enums by value): the run's own arguments, such as

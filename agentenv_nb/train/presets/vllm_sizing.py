@@ -58,6 +58,18 @@ def gpu_memory() -> tuple[float, float | None]:
     return card, card * fraction if fraction < 1 else None
 
 
+def free_for_training() -> float | None:
+    """The bytes of GPU memory this process may still take (what ``gpu_memory`` allows, less what PyTorch holds,
+    vLLM's share among it; no more than the card has free); None without a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    gpu = this_gpu()
+    card, allowed = gpu_memory()
+    return max(0.0, min((allowed or card) - torch.cuda.memory_reserved(gpu), torch.cuda.mem_get_info(gpu)[0]))
+
+
 def hold_to_budget() -> None:
     """Cap this process's PyTorch allocations on its GPU at ``AGENTENV_NB_GPU_MEMORY_GB`` where it is set and a GPU
     is seen, so a larger card runs as the card the setting names (vLLM is sized to it too, by ``gpu_memory``)."""

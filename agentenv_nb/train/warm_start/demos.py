@@ -116,8 +116,6 @@ def self_distill_round(model, tokenizer, env, preset: presets.Preset | str, outp
     temperature unless given), fine-tune ``model`` in place on the top ``fraction`` of those that scored above 0 (TRL's
     SFTTrainer, ``preset``'s SFT settings, ``max_steps`` if given), or, where none did, say so and leave it; returns
     the round's rollouts and those kept."""
-    from trl import SFTTrainer
-
     from agentenv_nb.train.fit import fit
 
     rollouts, kept = best_rollouts(model, tokenizer, env, preset, fraction=fraction, samples=samples,
@@ -125,7 +123,16 @@ def self_distill_round(model, tokenizer, env, preset: presets.Preset | str, outp
     if not kept:  # a weak model on verifiers without partial credit: nothing of its own to learn from this round
         print(f"none of the model's {len(rollouts)} rollouts scored above 0, so this round fine-tunes nothing")
         return rollouts, kept
-    fit(SFTTrainer(model=model, processing_class=tokenizer, train_dataset=sft_dataset(kept, tokenizer, preset, model),
-                   callbacks=callbacks, args=presets.sft_config(preset, output_dir=output_dir, max_steps=max_steps,
-                                                                model=model)))
+    fit(sft_trainer(model, tokenizer, sft_dataset(kept, tokenizer, preset, model), preset, callbacks,
+                    output_dir=output_dir, max_steps=max_steps))
     return rollouts, kept
+
+
+def sft_trainer(model, tokenizer, dataset, preset: presets.Preset | str, callbacks=(), **config_kwargs):
+    """TRL's SFTTrainer on ``dataset`` (``sft_dataset``'s) with ``preset``'s SFT settings for ``model`` and
+    ``config_kwargs`` (``presets.sft_config``'s) over them, its micro-batch sized to the longest demonstration."""
+    from trl import SFTTrainer
+
+    longest = learnable.count(dataset.to_list(), tokenizer, None).longest
+    return SFTTrainer(model=model, processing_class=tokenizer, train_dataset=dataset, callbacks=list(callbacks or ()),
+                      args=presets.sft_config(preset, model=model, longest_tokens=longest, **config_kwargs))

@@ -96,17 +96,12 @@ def train(run: SFTRun, preset, model, tokenizer, env, start, callbacks=(), **ove
     """TRL's SFTTrainer on ``start``'s demonstrations that ``model`` can learn from (loss on the assistant's tokens
     only), with ``preset``'s SFT settings for this model and ``overrides`` (SFTConfig settings) over them, in
     RUN_DIR/sft-checkpoints; trained by ``fit``. Returns the trainer."""
-    from trl import SFTTrainer
-
-    from agentenv_nb.train import presets
     from agentenv_nb.train.fit import fit
+    from agentenv_nb.train.warm_start.demos import sft_trainer
 
-    trainer = SFTTrainer(model=model, processing_class=tokenizer,
-                         train_dataset=start.sft_dataset(model, tokenizer, env, preset,
-                                                         max_new_tokens=run.max_new_tokens),
-                         args=presets.sft_config(preset, output_dir=f"{run.run_dir}/sft-checkpoints", model=model,
-                                                 **overrides),
-                         callbacks=list(callbacks))
+    trainer = sft_trainer(model, tokenizer, start.sft_dataset(model, tokenizer, env, preset,
+                                                              max_new_tokens=run.max_new_tokens),
+                          preset, callbacks, output_dir=f"{run.run_dir}/sft-checkpoints", **overrides)
     fit(trainer)
     return trainer
 
