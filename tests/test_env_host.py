@@ -83,8 +83,9 @@ def test_a_grpo_step_through_agentenv_url(env_host, tmp_path):
     base = build_tiny_model(tmp_path / "tiny", corpus_texts=[gridsim.generate.SYSTEM_PROMPT])
     model, tokenizer = FastLanguageModel.from_pretrained(**presets.model_kwargs("cpu-tiny", base))
     model = FastLanguageModel.get_peft_model(model, **presets.peft_kwargs("cpu-tiny"))
+    # 64 tokens, not the preset's 512: the random model's text only costs time (8 rollouts on one thread)
     config = presets.grpo_config("cpu-tiny", output_dir=str(tmp_path / "grpo"), max_steps=1, eval_strategy="no",
-                                 eval_on_start=False)
+                                 eval_on_start=False, max_completion_length=64)
     with AgentEnv(env_host, split="train") as env:
         table = preflight("cpu-tiny", env=env, split="train", tokenizer=tokenizer, trainer_args=config,
                           max_concurrent_envs=8, show=False)
