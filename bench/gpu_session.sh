@@ -89,9 +89,10 @@ for seed in "${seeds[@]}"; do
 done
 
 notebooks() {  # notebooks PRESET[,NAME=VALUE...] [SEED]: the four notebooks on PRESET with those environment
-  local preset=${1%%,*} run=${1//\//_} vars=()  # variables (e.g. "16bit,UNSLOTH_VLLM_MERGED_ROLLOUT=0") on SEED's
-  [[ $1 == *,* ]] && IFS=, read -ra vars <<< "${1#*,}"  # bundle, in WORK/RUN, RUN.log: RUN is the word, each "/" a
-  [[ ${2:-${seeds[0]}} != "${seeds[0]}" ]] && run+=-seed$2  # "_", and -seedN past the first seed
+  local preset=${1%%,*} run=${1//[\/.]/_} vars=()  # variables (e.g. "16bit,UNSLOTH_VLLM_MERGED_ROLLOUT=0") on SEED's
+  [[ $1 == *,* ]] && IFS=, read -ra vars <<< "${1#*,}"  # bundle, in WORK/RUN, RUN.log: RUN is the word, each "/" and
+  [[ ${2:-${seeds[0]}} != "${seeds[0]}" ]] && run+=-seed$2  # "." a "_" (--collect leaves out *.gguf), -seedN past the
+                                                            # first seed
   mkdir -p "$WORK/$run"
   env "${vars[@]}" GPU_NOTEBOOKS_OUT="$WORK/$run" AGENTENV_NB_PRESET="$preset" \
     AGENTENV_NB_BUNDLE="$(bundle_of "${2:-${seeds[0]}}")" \
