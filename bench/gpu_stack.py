@@ -118,7 +118,7 @@ def for_stack(desc: dict, name: str) -> tuple[dict, list[str], Path]:
 def pack(args) -> None:
     global WORK
     desc, pins, WORK = for_stack(machine(args.machine), args.stack)
-    dists = resolve(desc, [*pins, *desc["extra"]], no_deps=False) + resolve(desc, desc["no_deps"], no_deps=True)
+    dists = resolve(desc, [*pins, *desc["extra"]], no_deps=False) + resolve(desc, ["-r", str(ROOT / desc["no_deps_from"])], no_deps=True)
     carried = [d for d in dists if not kept(d, desc)]
     left = sorted(f"{d['name']}=={d['version']} ({kept(d, desc)})" for d in dists if kept(d, desc))
     print(f"gpu_stack: {len(dists)} distributions resolved; {len(left)} not carried:\n  " + "\n  ".join(left))

