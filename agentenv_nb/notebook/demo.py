@@ -27,6 +27,7 @@ from agentenv_nb.notebook.params import use_tiny_defaults
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # IPython colours a traceback's text with these
+KERNEL_START_S = 300  # a kernel's start, not nbclient's 60 s: on 2 busy cores (CI's two lanes) it once took longer
 
 
 class NotebookFailed(RuntimeError):
@@ -64,8 +65,8 @@ def execute(notebook, cwd: Path, sockets: Path, timeout: int, env: dict[str, str
     its traffic is plain text on a port anyone on the machine can listen to, and ipykernel warns so at each start."""
     kernel = KernelManager(kernel_name="python3", transport="ipc", ip=str(sockets))
     try:
-        NotebookClient(notebook, km=kernel, timeout=timeout, resources={"metadata": {"path": str(cwd)}}).execute(
-            env=dict(os.environ) if env is None else env)
+        NotebookClient(notebook, km=kernel, timeout=timeout, startup_timeout=KERNEL_START_S,
+                       resources={"metadata": {"path": str(cwd)}}).execute(env=dict(os.environ) if env is None else env)
     finally:
         if kernel.has_kernel:
             kernel.shutdown_kernel()
