@@ -130,9 +130,12 @@ def self_distill_round(model, tokenizer, env, preset: presets.Preset | str, outp
 
 def sft_trainer(model, tokenizer, dataset, preset: presets.Preset | str, callbacks=(), **config_kwargs):
     """TRL's SFTTrainer on ``dataset`` (``sft_dataset``'s) with ``preset``'s SFT settings for ``model`` and
-    ``config_kwargs`` (``presets.sft_config``'s) over them, its micro-batch sized to the longest demonstration."""
+    ``config_kwargs`` (``presets.sft_config``'s) over them, its micro-batch sized to the longest demonstration on a
+    GPU (``choices.sft_micro_batch``)."""
+    import torch
     from trl import SFTTrainer
 
-    longest = learnable.count(dataset.to_list(), tokenizer, None).longest
+    # rendered again only where it is used: a CPU's micro-batch is not sized to its logits
+    longest = learnable.count(dataset.to_list(), tokenizer, None).longest if torch.cuda.is_available() else None
     return SFTTrainer(model=model, processing_class=tokenizer, train_dataset=dataset, callbacks=list(callbacks or ()),
                       args=presets.sft_config(preset, model=model, longest_tokens=longest, **config_kwargs))
