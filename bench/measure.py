@@ -269,7 +269,8 @@ def run_variant(name: str, run, args, report=None) -> dict:
     if timer.steps:
         result.update(timer.setup, steps=timer.steps, generate_calls=timer.gen.calls)
         if not timer.gen.calls:  # generation ran where the wrapper doesn't see it: leave the split unmeasured
-            result["steps"] = [{**step, "gen_s": None, "update_s": None} for step in timer.steps]
+            result["steps"] = [{**step, "gen_s": None, "update_s": None, "gen_rest_s": None, "rest_s": None}
+                               for step in timer.steps]
     result.update(summary(result.setdefault("steps", []), result.get("env_tools_s"),
                           result.get("env_tools_concurrent_s")))
     free_memory()
