@@ -21,10 +21,21 @@ and ``kit-16bit``, the same in 4-bit (the recipe's), fp8 and 16-bit (``Preset.vl
 preset's own weights through ``train.grpo.trainer.async_grpo_trainer``, Unsloth's AsyncGRPOTrainer, whose generation
 overlaps the update; ``bare``, Unsloth's GRPOTrainer with the in-process ``ToyGridSim`` and the recipe's 4-bit, the
 floor the kit adds to; ``trl``, stock TRL with bitsandbytes 4-bit (bf16 for "16bit") and a PEFT LoRA on ToyGridSim, what
-a user would pick instead. A step splits into generation (``generate`` calls, and of their time vLLM's engine steps,
-their count and mean, the rest being Unsloth's fold or LoRA load and the requests' bookkeeping; for ``kit-async`` vLLM's
-engine steps, which overlap the update), env (inside reset, tools, get_reward; overlaps counted once) and update (the
-rest; for ``kit-async`` the trainer's training steps), with peak GPU memory. A random model calls no tools, so the kit
+a user would pick instead. A step splits into generation (``generate`` calls and Unsloth's LoRA load before each, and
+of their time vLLM's engine steps, their count and mean; for ``kit-async`` vLLM's engine steps, which overlap the
+update), env (inside reset, tools, get_reward; overlaps counted once) and update (the step less TRL's input preparation;
+for ``kit-async`` the trainer's training steps), with peak GPU memory. A synchronous variant's steady step is also
+printed in parts that add up to it, each with its share and, on a card in ``measure.CARDS`` (its memory bandwidth and
+dense 16-bit arithmetic, from NVIDIA's datasheets; no floor on another), the floor of the work it must do (``GB moved``
+or ``TFLOP``, ``floor s``) and its time over that (``x floor``): vLLM's engine steps (the bytes of vLLM's weights, each
+parameter at their precision, once an engine step, and of the 16-bit KV cache each written token attended to);
+generation besides them and the sync (scheduling, sampling, detokenising, adding requests; without vLLM all of
+generate; floor 0); the weight sync into vLLM (Unsloth's LoRA load, and for 16-bit weights the fold of the LoRA into
+them and their restore; the LoRA tensors read and written, or the folded weights twice); env; the log-prob pass (the old
+and reference log-probs TRL scores under no_grad before the update: 2 FLOPs a parameter and scored token); the update
+(forward, backward, optimizer: 4 FLOPs a parameter and trained token with LoRA, 6 in full); and the rest of the input
+preparation (rewards, TRL's tool-call parsing between rounds, tokenising, advantages). Tokens are the prompt and
+completion tokens the step generated, scored and trained. A random model calls no tools, so the kit
 also times a step's episodes played with the expert's 3 tool calls each (bench/expert_step.py), in TRL's order and at
 once (``env_tools_s``, ``env_tools_concurrent_s``). An OOM is reported with the step reached; a variant stops after the
 step past ``--budget-s``. ``--set KEY=VALUE`` changes a GRPO setting for every variant (the 32-at-once rows of
@@ -55,8 +66,8 @@ if VARIANT and (VARIANT != "trl" or not torch.cuda.is_available()) and __name__ 
     import_unsloth()
 
 import expert_step  # noqa: E402  (bench/, beside this script)
-from measure import (CUDA, GIB, StepTimer, cap_memory, markdown, out_dir, run_variant, settings,  # noqa: E402
-                     summary, timed_class, write_report)
+from measure import (CARDS, CUDA, GIB, StepTimer, cap_memory, markdown, markdown_rows, out_dir,  # noqa: E402
+                     run_variant, settings, summary, timed_class, write_report)
 from agentenv_nb.tasks.gridsim import battery, write_bundle  # noqa: E402
 
 # vLLM's weights a variant loads (Preset.vllm_weights); None: the preset's own, "24gb"'s being the card's choice (the
@@ -109,12 +120,51 @@ def toy_rows(bundle: str):
 def train(trainer, timer: StepTimer, result: dict) -> None:
     result["rollouts_per_step"] = trainer.args.per_device_train_batch_size * trainer.args.gradient_accumulation_steps
     trainer.model.generate = timer.gen.wrap(trainer.model.generate, sync=True)  # an instance attribute: no patching
+    # TRL's input preparation, the step less its update, with the tokens it hands the update; its log-prob pass, the
+    # calls under no_grad (stock TRL's update scores through the same method, with grad)
+    trainer._prepare_inputs = timer.prepare.wrap(trainer._prepare_inputs, sync=True, count=trained_tokens)
+    scored = trainer._get_per_token_logps_and_entropies
+    scoring = timer.logps.wrap(scored, sync=True, count=scored_tokens)
+    trainer._get_per_token_logps_and_entropies = lambda *a, **k: (scoring, scored)[torch.is_grad_enabled()](*a, **k)
     if engine := getattr(trainer.model, "vllm_engine", None):  # Unsloth's colocated vLLM: TRL calls its generate
         # the instance's generate: Unsloth wraps it for 16-bit merged-weight rollouts, and vLLM refuses the sentinel
         # LoRA request that wrapper takes when the class's generate is called instead
-        engine.generate = timer.gen.wrap(engine.generate, sync=True)
+        engine.generate = timer.gen.wrap(engine.generate, sync=True, count=kv_reads)
         engine.llm_engine.step = timer.engine.wrap(type(engine.llm_engine).step.__get__(engine.llm_engine))
+        # The weight sync, counted in generation: Unsloth's load_lora before each generate call, and unsloth_zoo's fold
+        # of the LoRA into the 16-bit weights and its restore around the call's engine steps (merged-weight rollouts)
+        from unsloth_zoo import vllm_utils
+        trainer.model.load_lora = timer.sync.wrap(timer.gen.wrap(trainer.model.load_lora), count=synced_bytes)
+        vllm_utils.merged_rollout = timer.sync.wrap_context(vllm_utils.merged_rollout, sync=True)
     trainer.train()
+
+
+def kv_reads(outputs, *args, **kwargs) -> dict:
+    """The KV cache vLLM's decoding read for a generate call's ``outputs``, in tokens: each token it wrote attended to
+    its prompt and the tokens written before it."""
+    lengths = [(len(output.prompt_token_ids), len(completion.token_ids))
+               for output in outputs for completion in output.outputs]
+    return {"kv_token_reads": sum(written * prompt + written * (written - 1) // 2 for prompt, written in lengths)}
+
+
+def trained_tokens(inputs, *args, **kwargs) -> dict:
+    """The prompt and completion tokens of the micro-batch TRL's ``_prepare_inputs`` hands the update."""
+    return {"update_tokens": int(inputs["prompt_mask"].sum() + inputs["completion_mask"].sum())}
+
+
+def scored_tokens(_, model, input_ids, attention_mask, *args, **kwargs) -> dict:
+    """The prompt and completion tokens a log-prob pass scores."""
+    return {"logps_tokens": int(attention_mask.sum())}
+
+
+def synced_bytes(request, *args, **kwargs) -> dict:
+    """The bytes a weight sync moves, read off what Unsloth's load_lora hands vLLM: a LoRA request's tensors, which
+    vLLM copies into its LoRA slots as the call's engine steps start (timed there), read and written once; or a
+    merged-weight rollout's state, whose 16-bit weights the fold and the restore each read and write."""
+    if tensors := getattr(request, "lora_tensors", None):
+        return {"sync_bytes": 2 * sum(tensor.nbytes for tensor in tensors.values())}
+    state = getattr(request, "state", None)
+    return {"sync_bytes": 4 * sum(weight.nbytes for _, weight, _ in state.entries)} if state else {}
 
 
 
@@ -283,7 +333,7 @@ def in_own_process(name: str, args) -> dict:
     result.setdefault("wall_s", time.perf_counter() - start)
     print("\n".join(lines[-15:]), flush=True)
     result = {**summary(result["steps"]), **result, "weights": loaded_weights(result)}
-    result["rollouts_per_s"] = rollouts_per_s(result)
+    result["rollouts_per_s"], result["parts"] = rollouts_per_s(result), parts(result, *args.model_shape)
     return result
 
 
@@ -296,6 +346,43 @@ def rollouts_per_s(result: dict) -> float | None:
         return sum(step["batch/samples_per_step"] for step in steady) / seconds
     return result.get("rollouts_per_step") and seconds and result["rollouts_per_step"] * len(steady) / seconds
 
+
+
+# vLLM's weights' bytes a parameter, every parameter at its precision's width: a floor (vLLM keeps the embeddings in
+# 16-bit, and applies the LoRA to 4-bit and fp8 weights from its own copy, a few MB)
+WEIGHT_BYTES = {"16bit": 2, "fp8": 1, "4bit": 0.5}
+
+
+def parts(result: dict, params: int, kv_token_bytes: float) -> list[dict]:
+    """A synchronous variant's steady step in parts that add up to it, each with its share and, on a card in
+    ``measure.CARDS``, its floor and its ratio to it: the bytes it must move (``gb``) over the memory bandwidth, the
+    FLOPs it must do (``tflop``) over the dense 16-bit peak, or 0; none for env and the rest. ``params``: the model's
+    parameters; ``kv_token_bytes``: a token's 16-bit KV cache (vLLM's)."""
+    if result.get("steady_gen_rest_s") is None:
+        return []
+    steady = {key.removeprefix("steady_"): value or 0.0 for key, value in result.items() if key.startswith("steady_")}
+    peak = dict(zip(("bytes", "flops"), CARDS.get(result.get("device"), (None, None))))
+    # The update's FLOPs a parameter and token: 6 in full (forward 2, backward 4); with LoRA on a frozen base 4, the
+    # forward and the activations' gradients, the base having no gradients of its own (LoRA's 6 a parameter of its
+    # few, attention's, and gradient checkpointing's second forward, a choice, are left out)
+    update = 6 if (result.get("model_kwargs") or {}).get("full_finetuning") else 4
+    engine = steady["engine_steps"] * params * WEIGHT_BYTES.get(result.get("weights"), 2)
+    rows = [("vLLM's engine steps", "engine_s", engine + steady["kv_token_reads"] * kv_token_bytes, "bytes"),
+            ("generation besides the engine steps and the sync", "gen_rest_s", 0.0, None),
+            ("weight sync into vLLM", "sync_s", steady["sync_bytes"], "bytes"),
+            ("env", "env_s", None, None),
+            ("log-prob pass", "logps_s", 2 * params * steady["logps_tokens"], "flops"),
+            ("update", "update_s", update * params * steady["update_tokens"], "flops"),
+            ("rest of the input preparation", "rest_s", None, None)]
+    out = []
+    for part, key, work, unit in rows:
+        if unit == "bytes" and not steady["engine_steps"]:  # without vLLM, no engine steps nor sync: generation whole
+            continue
+        floor = (work / peak[unit] if peak[unit] else None) if unit else work
+        out.append({"part": part, "s": steady[key], "pct": 100 * steady[key] / steady["step_s"],
+                    "gb": work / 1e9 if unit == "bytes" else None, "tflop": work / 1e12 if unit == "flops" else None,
+                    "floor_s": floor, "x_floor": steady[key] / floor if floor else None})
+    return out
 
 
 def loaded_weights(result: dict) -> str | None:
@@ -317,6 +404,11 @@ COLUMNS = [("variant", "variant", 0), ("weights", "weights", 0), ("step", "step"
            ("tool calls", "tools/call_frequency", 2), ("completion len", "completions/mean_length", 0),
            ("rollouts", "batch/samples_per_step", 0), ("queued", "sample/rollout_queue_size", 1),
            ("waited s", "perf/rollout_wait_s", 2), ("rollouts/s", "rollouts_per_s", 2)]
+
+
+PART_COLUMNS = [("variant", "variant", 0), ("part of the steady step", "part", 0), ("s", "s", 2),
+                ("% of the step", "pct", 1), ("GB moved", "gb", 2), ("TFLOP", "tflop", 2), ("floor s", "floor_s", 3),
+                ("x floor", "x_floor", 1)]
 
 
 def whole_process_gib(result: dict) -> float | None:
@@ -362,9 +454,10 @@ def table(results: list[dict]) -> str:
         goals.append(("kit peak GPU memory, the whole process with vLLM's "
                       f"{kit['vllm_gib']:.1f} GiB (GB)", whole_process_gib(kit) * GIB / 1e9, 24))
     goals += speed_goals(results)
+    split = [{"variant": r["variant"], **part} for r in results for part in r.get("parts", [])]
     return "\n".join(markdown(COLUMNS, results) + [""] + [
         f"- {text}: {value:.2f} (goal <= {limit:g}): {'PASS' if value <= limit else 'FAIL'}"
-        for text, value, limit in goals if value])
+        for text, value, limit in goals if value] + (["", *markdown_rows(PART_COLUMNS, split)] if split else []))
 
 
 def parse(argv=None):
@@ -434,6 +527,8 @@ def main(argv=None) -> dict | None:
                       "eval_strategy": "no", "eval_on_start": False, **settings(args.set)}  # every variant's changes
     if args.variant:
         return run_here(args)
+    from agentenv_nb.train.presets.vllm_sizing import kv_cache_bytes, parameter_count
+    args.model_shape = parameter_count(args.model), kv_cache_bytes(args.model, 1)  # what the parts' floors count
     import importlib.metadata
     import importlib.util
     import signal
@@ -450,10 +545,14 @@ def main(argv=None) -> dict | None:
               f"{args.steps} steps)", flush=True)
         report["results"].append(result := in_own_process(variant, args))
         report["device"] = result.get("device") or report["device"]
+        card = CARDS.get(report["device"])  # the peaks the parts' floors are at
+        report["card_peaks"] = card and {"memory_bytes_per_s": card[0], "dense_16bit_flops_per_s": card[1]}
         path = write_report(name, report)  # after each variant: a run cut short keeps what it measured
         print(table([result]), flush=True)
-    print(f"\n## GRPO, {args.preset}, GPU held to {args.cap_gb or 'all'} GB, {report['device']}\n\n"
-          f"{table(report['results'])}")
+    peaks = report["card_peaks"] and ("floors at {:.2f} TB/s and {:.0f} dense 16-bit TFLOPS".format(
+        *(peak / 1e12 for peak in report["card_peaks"].values())))
+    print(f"\n## GRPO, {args.preset}, GPU held to {args.cap_gb or 'all'} GB, {report['device']} "
+          f"({peaks or 'no floors: a card not in measure.CARDS'})\n\n{table(report['results'])}")
     print(f"\nwrote {path}")
     return report
 

@@ -1,11 +1,13 @@
 """The measuring pieces the GPU benchmarks share (bench/gpu_grpo.py, gpu_sft.py, gpu_scale.py): a clock for timed
 calls, a trainer callback splitting each step into generation, env and update with its peak memory, the device's peak
-sampled on a thread, one variant run with its failure recorded, its steady summary, a markdown table, the JSON report.
+sampled on a thread, one variant run with its failure recorded, its steady summary, a markdown table, the JSON report,
+and the cards' peak memory bandwidth and 16-bit arithmetic that bound a step's parts.
 
 Import it after ``agentenv_nb.stack.import_unsloth()`` where Unsloth should patch transformers (it imports
 ``transformers.TrainerCallback``).
 """
 
+import contextlib
 import functools
 import gc
 import inspect
@@ -14,6 +16,7 @@ import os
 import threading
 import time
 import traceback
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -25,6 +28,19 @@ GIB, CUDA = 2**30, torch.cuda.is_available()
 # queue, and how long the step waited for one (0: the update, not generation, was what the step waited on)
 LOGGED = ("tools/call_frequency", "completions/mean_length", "reward", "loss", "batch/samples_per_step",
           "sample/rollout_queue_size", "perf/rollout_wait_s")
+# A synchronous GRPO step's parts beside generation, env and update (StepTimer), and what they handled: generation
+# less vLLM's engine steps and the weight sync; the log-prob pass; the sync; the rest of the input preparation; the
+# KV cache vLLM's decoding read (tokens), the tokens the log-prob pass scored and the update trained, the sync's bytes
+PARTS = ("gen_rest_s", "logps_s", "sync_s", "rest_s", "kv_token_reads", "logps_tokens", "update_tokens", "sync_bytes")
+# A card's peaks as torch names it: memory bandwidth (bytes/s) and dense 16-bit tensor arithmetic (FLOP/s: bf16, fp16
+# on the T4, which has no bf16), from NVIDIA's datasheets, which give the 16-bit figure with sparsity, twice the dense
+# one: nvidia.com/en-us/data-center/h100 (SXM5: 3.35 TB/s, 1,979 TFLOPS), .../h200 (4.8 TB/s, 1,979), .../l4 (300 GB/s,
+# 242), .../a100 (40GB 1,555 GB/s, 80GB PCIe 1,935, 80GB SXM 2,039; 312 TFLOPS dense), .../tesla-t4 (320 GB/s, 65
+# TFLOPS FP16 mixed precision, dense). A card not here gets no floor.
+CARDS = {"NVIDIA H100 80GB HBM3": (3.35e12, 1979e12 / 2), "NVIDIA H200": (4.8e12, 1979e12 / 2),
+         "NVIDIA L4": (300e9, 242e12 / 2), "NVIDIA A100-SXM4-40GB": (1555e9, 312e12),
+         "NVIDIA A100-PCIE-40GB": (1555e9, 312e12), "NVIDIA A100 80GB PCIe": (1935e9, 312e12),
+         "NVIDIA A100-SXM4-80GB": (2039e9, 312e12), "Tesla T4": (320e9, 65e12)}
 
 
 def peaks() -> dict:
@@ -51,15 +67,16 @@ def free_memory(collect: bool = True) -> None:
 
 
 class Clock:
-    """Wall time spent inside timed calls, overlapping calls counted once, the number of calls, and (``sync``) the
-    peak GPU memory allocated when the last call returned."""
+    """Wall time spent inside timed calls, overlapping calls counted once, the number of calls, what they handled
+    (``counts``: tokens, bytes), and (``sync``) the peak GPU memory allocated when the last call returned."""
 
     def __init__(self):
         self.total, self.calls, self._active, self._since, self._lock = 0.0, 0, 0, 0.0, threading.Lock()
-        self.peak_gib = None
+        self.peak_gib, self.counts = None, Counter()
 
-    def wrap(self, function, sync: bool = False):
-        """``function`` timed on this clock, its name, docstring and signature kept (TRL reads tools by them)."""
+    def wrap(self, function, sync: bool = False, count=None):
+        """``function`` timed on this clock, its name, docstring and signature kept (TRL reads tools by them);
+        ``count(result, *args, **kwargs)``, where given, names the amounts a call handled, added up in ``counts``."""
         @functools.wraps(function)
         def timed(*args, **kwargs):
             with self._lock:
@@ -67,7 +84,7 @@ class Clock:
                     self._since = time.perf_counter()
                 self._active, self.calls = self._active + 1, self.calls + 1
             try:
-                return function(*args, **kwargs)
+                result = function(*args, **kwargs)
             finally:
                 if sync and CUDA:
                     torch.cuda.synchronize()
@@ -76,6 +93,24 @@ class Clock:
                     self._active -= 1
                     if not self._active:
                         self.total += time.perf_counter() - self._since
+            if count:
+                amounts = count(result, *args, **kwargs)
+                with self._lock:
+                    self.counts.update(amounts)
+            return result
+        return timed
+
+    def wrap_context(self, make, sync: bool = False):
+        """``make``, a function giving a context manager, with that context's entry and exit timed on this clock, not
+        the block run inside it."""
+        @functools.wraps(make)
+        @contextlib.contextmanager
+        def timed(*args, **kwargs):
+            context = make(*args, **kwargs)
+            with contextlib.ExitStack() as stack:
+                value = self.wrap(type(context).__enter__, sync)(context)
+                stack.push(functools.partial(self.wrap(type(context).__exit__, sync), context))
+                yield value
         return timed
 
 
@@ -88,7 +123,9 @@ def timed_class(cls: type, clock: Clock) -> type:
 
 class StepTimer(TrainerCallback):
     """Per optimizer step: wall time split into generation, env and update, peak GPU memory, logged metrics; and
-    ``setup``, the time and peak memory before step 1. Stops after the step past ``budget_s``; ``report`` gets steps."""
+    ``setup``, the time and peak memory before step 1. Where ``prepare`` times the trainer's input preparation (a
+    synchronous GRPO step), the step's parts too (``PARTS``) and what the clocks counted. Stops after the step past
+    ``budget_s``; ``report`` gets steps."""
 
     def __init__(self, budget_s: float | None = None, fake_oom_step: int | None = None, report=None):
         self.gen, self.env, self.steps, self.setup, self._start = Clock(), Clock(), [], {}, time.perf_counter()
@@ -97,6 +134,9 @@ class StepTimer(TrainerCallback):
         # passes and sampling, against the rest of it (Unsloth's fold of the LoRA and its restore, or its LoRA load
         # for 4-bit weights; adding requests; TRL's parsing)
         self.engine = Clock()
+        # A synchronous GRPO step's input preparation (TRL's _prepare_inputs: generation, env, rewards and the log-prob
+        # pass; the rest of the step is the update), its log-prob pass and its weight sync into vLLM (inside generation)
+        self.prepare, self.logps, self.sync = Clock(), Clock(), Clock()
         self.budget_s, self.fake_oom_step, self.report = budget_s, fake_oom_step, report
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -104,9 +144,12 @@ class StepTimer(TrainerCallback):
         self._start = time.perf_counter()
         self._begin = self._clocks()
 
-    def _clocks(self) -> tuple:
-        return (time.perf_counter(), self.gen.total, self.env.total, self.update.total, self.engine.total,
-                self.engine.calls)
+    def _clocks(self) -> dict:
+        """The time, each clock's total (``<name>_s``), the engine's steps and what the clocks counted, so far."""
+        clocks = {"gen": self.gen, "env": self.env, "update": self.update, "engine": self.engine,
+                  "prepare": self.prepare, "logps": self.logps, "sync": self.sync}
+        return {"step_s": time.perf_counter(), **{f"{name}_s": clock.total for name, clock in clocks.items()},
+                "engine_steps": self.engine.calls, **sum((clock.counts for clock in clocks.values()), Counter())}
 
     def on_step_begin(self, args, state, control, **kwargs):
         free_memory(collect=False)
@@ -118,14 +161,20 @@ class StepTimer(TrainerCallback):
         if CUDA:
             torch.cuda.synchronize()
         now = self._clocks()
-        step_s, gen, env, update, engine, engine_steps = (a - b for a, b in zip(now, self._begin))
+        took = {key: value - self._begin.get(key, 0) for key, value in now.items()}
         self._begin = now
+        step_s, gen, env, engine, engine_steps = (took[k] for k in ("step_s", "gen_s", "env_s", "engine_s",
+                                                                    "engine_steps"))
         self.steps.append({"step": state.global_step, "step_s": step_s, "gen_s": gen, "env_s": env,
-                           "update_s": update if self.update.calls else step_s - gen - env,
+                           "update_s": took["update_s"] if self.update.calls else step_s - gen - env,
                            **({"engine_s": engine, "engine_steps": engine_steps,
                                "engine_ms": 1e3 * engine / max(engine_steps, 1)} if engine_steps else {}),
                            "env_pct": 100 * env / step_s,
                            "gen_peak_alloc_gib": self.gen.peak_gib, **peaks()})
+        if self.prepare.calls:  # the sync lies inside generation; the rest of the preparation: rewards, tokenising
+            self.steps[-1].update({key: took[key] for key in PARTS if key in took},
+                                  update_s=step_s - took["prepare_s"], gen_rest_s=gen - engine - took["sync_s"],
+                                  rest_s=took["prepare_s"] - gen - env - took["logps_s"])
         if self.fake_oom_step == state.global_step:
             raise torch.OutOfMemoryError(f"simulated by --fake-oom after step {state.global_step}")
         control.should_training_stop |= bool(self.budget_s and time.perf_counter() - self._start > self.budget_s)
@@ -220,7 +269,8 @@ def run_variant(name: str, run, args, report=None) -> dict:
     if timer.steps:
         result.update(timer.setup, steps=timer.steps, generate_calls=timer.gen.calls)
         if not timer.gen.calls:  # generation ran where the wrapper doesn't see it: leave the split unmeasured
-            result["steps"] = [{**step, "gen_s": None, "update_s": None} for step in timer.steps]
+            result["steps"] = [{**step, "gen_s": None, "update_s": None, "gen_rest_s": None, "rest_s": None}
+                               for step in timer.steps]
     result.update(summary(result.setdefault("steps", []), result.get("env_tools_s"),
                           result.get("env_tools_concurrent_s")))
     free_memory()
@@ -238,7 +288,7 @@ def summary(steps: list[dict], env_tools_s: float | None = None, concurrent_s: f
     out = {"reached_step": len(steps), **{f"steady_{key}": mean(key) for key in ("step_s", "gen_s", "env_s",
                                                                                   "update_s", "engine_s",
                                                                                   "engine_steps", "engine_ms",
-                                                                                  *LOGGED)},
+                                                                                  *PARTS, *LOGGED)},
            **{k: max((s[k] for s in steps if s.get(k) is not None), default=None)
               for k in ("gen_peak_alloc_gib", "peak_alloc_gib", "peak_reserved_gib")}}
     if out["steady_step_s"]:
@@ -250,8 +300,13 @@ def summary(steps: list[dict], env_tools_s: float | None = None, concurrent_s: f
 
 def markdown(columns: list[tuple], results: list[dict]) -> list[str]:
     """A markdown table in ``columns`` (header, key, decimals of a float): each variant's steps, then its steady row."""
-    rows = [row for r in results for row in [*({"variant": r["variant"], **s} for s in r["steps"]), {
-        **{k.removeprefix("steady_"): v for k, v in r.items()}, "step": f"steady of {r['reached_step']}"}]]
+    return markdown_rows(columns, [row for r in results for row in [
+        *({"variant": r["variant"], **s} for s in r["steps"]),
+        {**{k.removeprefix("steady_"): v for k, v in r.items()}, "step": f"steady of {r['reached_step']}"}]])
+
+
+def markdown_rows(columns: list[tuple], rows: list[dict]) -> list[str]:
+    """A markdown table of ``rows`` in ``columns`` (header, key, decimals of a float)."""
     cell = lambda v, d: "-" if v is None else f"{v:.{d}f}" if isinstance(v, float) else str(v)  # noqa: E731
     return ["| " + " | ".join(h for h, _, _ in columns) + " |", "|" + "---|" * len(columns),
             *("| " + " | ".join(cell(row.get(k), d) for _, k, d in columns) + " |" for row in rows)]

@@ -9,6 +9,7 @@ naming the kit module to read again, before it fails in a run:
 - Unsloth 2026.10.9 with vLLM 0.29.0, the fp8 gate and vLLM's online fp8: ``train.presets.vllm_sizing`` and
   ``train.presets``
 - httpx 0.28.1, the transports' first parameters: ``envs.tls``
+- trl 1.15.0, Unsloth and unsloth_zoo 2026.10.9, where a GRPO step's parts run: bench/gpu_grpo.py's ``train``
 
 Read as text, importing nothing: importing ``unsloth.models`` puts Unsloth's trainers in TRL's place for the rest of
 the process, unsloth_zoo refuses to import before unsloth, and vLLM, which they import, needs a GPU. What these
@@ -111,6 +112,40 @@ def test_unsloth_gates_fp8_by_the_card_and_asks_vllm_0_29_for_its_online_fp8():
         f"unsloth_zoo's load_vllm takes no fp8_mode: revisit {revisit}, then this check")
     assert_says(pinned_source("unsloth.models.loader_utils", "_fp8_needs_offline_quantize"),
                 "Unsloth's _fp8_needs_offline_quantize", revisit, 'Version(vllm.__version__) < Version("0.12.0")')
+
+
+def test_a_grpo_steps_parts_run_where_the_benchmark_times_them():
+    """bench/gpu_grpo.py splits a step by wrapping, on the trainer: TRL's ``_prepare_inputs`` (a micro-batch's
+    generation and scoring, the rest being the update; the masks of what it trains) and the log-prob pass, the
+    ``_get_per_token_logps_and_entropies`` calls under no_grad (Unsloth's loss calls it with grad and
+    ``compute_efficient``, doing no pass); on Unsloth's model, ``load_lora``, whose request's ``lora_tensors``, or the
+    merged-weight rollout's state's 16-bit weights, it counts; and unsloth_zoo's ``merged_rollout``, looked up as a
+    global, the fold and restore it times."""
+    bench = "bench/gpu_grpo.py (train, synced_bytes, trained_tokens, scored_tokens)"
+    trl = "trl.trainer.grpo_trainer"
+    assert_says(pinned_source(trl, "GRPOTrainer._prepare_inputs"), "TRL's _prepare_inputs", bench,
+                "generation_batch = self._generate_and_score_completions(generation_batch)")
+    assert_says(pinned_source(trl, "GRPOTrainer._generate_and_score_completions"), "TRL's scoring", bench,
+                "with torch.no_grad(), disable_gradient_checkpointing(",
+                "old_per_token_logps, _, _ = self._get_per_token_logps_and_entropies(\n"
+                "                    self.model,\n                    prompt_completion_ids,\n"
+                "                    attention_mask,",
+                '"prompt_mask": prompt_mask,', '"completion_mask": completion_mask,')
+    assert_says(pinned_source("unsloth.models.rl_replacements", "grpo_trainer_compute_loss"), "Unsloth's loss",
+                bench, "model, input_ids, attention_mask, logits_to_keep, compute_efficient = True")
+    assert_says(pinned_source("unsloth.models.rl"), "Unsloth's GRPOTrainer", bench,
+                "lora_request = self.model.load_lora('")
+    vllm_utils = "unsloth_zoo.vllm_utils"
+    assert_says(pinned_source(vllm_utils, "load_lora"), "unsloth_zoo's load_lora", bench,
+                "if state is not None: return _MergedLoRARequest(state, save_directory)")
+    assert_says(pinned_source(vllm_utils, "_build_lora_request"), "unsloth_zoo's LoRA request", bench,
+                "lora_tensors = state_dict")
+    assert_says(pinned_source(vllm_utils, "_MergedRolloutState.__init__"), "unsloth_zoo's merged rollout", bench,
+                "self.entries = entries   # (lora module, W the shared base weight, P its pristine copy on the host)")
+    assert_says(pinned_source(vllm_utils, "_merged_rollout_call"), "unsloth_zoo's merged-rollout call", bench,
+                "with merged_rollout(state): return call(rest_request)")
+    assert_says(pinned_source(vllm_utils, "merged_rollout"), "unsloth_zoo's merged_rollout", bench,
+                "@contextlib.contextmanager\ndef merged_rollout(state):")
 
 
 def test_httpx_transports_still_take_verify_cert_trust_env_first():
