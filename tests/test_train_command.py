@@ -185,6 +185,13 @@ def test_the_run_s_trainer_settings_reach_its_config_and_its_lora(tmp_path):
     assert config.output_dir == f"{tmp_path}/grpo"
     assert run_config(GRPORun(preset="cpu-tiny", run_dir=str(tmp_path)), presets.named("cpu-tiny"),
                       None).learning_rate == presets.named("cpu-tiny").learning_rate  # unset: the preset's
+    # the command's --set settings size the run as they configure it: vLLM's weights and memory are chosen from the
+    # preset (choices.vllm_weights counts its rollouts' KV cache), so a completion budget set there is vLLM's too
+    planted = {"max_completion_length": 4096, "per_device_train_batch_size": 32, "gradient_accumulation_steps": 1,
+               "report_to": "none"}
+    sized = run_preset(GRPORun(preset="24gb", rollouts_a_step=16), settings=planted)
+    assert (sized.max_completion_length, sized.per_device_train_batch_size, sized.gradient_accumulation_steps) == (
+        4096, 32, 1)
 
 
 def test_one_function_sizes_the_sessions_a_run_opens(tmp_path):

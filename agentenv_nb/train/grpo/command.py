@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                    or earlier_steps.warm_start_problem(run.run_dir, run.warm_start, COMMAND))
         if problem:
             raise UsageError(problem)
-        preset = grpo_run.run_preset(run, COMMAND)  # "auto": the card's, said in a line; resolved once, handed down
+        # "auto": the card's, said in a line; resolved once, with the --set settings that size it, handed down
+        preset = grpo_run.run_preset(run, COMMAND, dict(args.overrides))
         # FSDP with vLLM, a GPU short, the async trainer without vLLM or on several processes
         if problem := launch_problem(preset, dict(args.overrides), run.trainer, COMMAND):
             raise UsageError(problem)

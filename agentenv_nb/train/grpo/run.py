@@ -95,10 +95,12 @@ class GRPORun(Run):
 # The run's steps, in the order notebook 03 calls them
 
 
-def run_preset(run: GRPORun, naming: Naming = NOTEBOOK):
+def run_preset(run: GRPORun, naming: Naming = NOTEBOOK, settings: dict | None = None):
     """The run's preset (``presets.named``: "auto" is the card's) with the run's LoRA rank (its alpha scaled with it),
-    rollouts a step and rollouts a task over its own; vLLM is sized, and the model loaded, from it. Rollouts that
-    make no whole groups stop with a line in ``naming``'s words."""
+    rollouts a step and rollouts a task over its own, and over all the GRPOConfig ``settings`` (the command's
+    ``--set``) that are the preset's fields too: vLLM is sized, and the model loaded, from it, so for the completion
+    budget and rollouts the run will have. Rollouts that make no whole groups stop with a line in ``naming``'s
+    words."""
     from agentenv_nb.train import presets
 
     preset = presets.named(run.preset)
@@ -114,7 +116,8 @@ def run_preset(run: GRPORun, naming: Naming = NOTEBOOK):
         batch = math.gcd(rollouts, preset.per_device_train_batch_size)  # the preset's micro-batch, or what divides
         changes.update(per_device_train_batch_size=batch, gradient_accumulation_steps=rollouts // batch,
                        num_generations=generations)
-    return dataclasses.replace(preset, **changes)
+    fields = {field.name for field in dataclasses.fields(preset)}
+    return dataclasses.replace(preset, **{**changes, **{k: v for k, v in (settings or {}).items() if k in fields}})
 
 
 def run_config(run: GRPORun, preset, model_name: str, **overrides):
