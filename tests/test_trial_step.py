@@ -7,7 +7,8 @@ from agentenv_nb.stack import import_unsloth
 
 import_unsloth()  # before anything imports trl, as TRL 1.15 on CPU needs
 from agentenv_nb import AgentEnv  # noqa: E402
-from agentenv_nb.train.grpo.trial import Measured, check, longest_prompt_rows, trial_step, verdict  # noqa: E402
+from agentenv_nb.train.grpo.trial import (Measured, check, length_problem, longest_prompt_rows, trial_step,  # noqa: E402
+                                          verdict)
 from agentenv_nb.train.presets import PRESETS  # noqa: E402
 from tests.conftest import one_turn_task, write_bundle  # noqa: E402
 from transformers import TrainerState  # noqa: E402
@@ -33,6 +34,14 @@ def test_a_step_that_doesnt_fit_says_what_to_lower_and_to_what():
     one = {**SETTINGS, "batch": 1, "accumulation": 32}
     assert verdict(Measured(5.0, 30.0, 10.0), 24.0, **one) == (  # 12.8 of 20 GB fit: 0.64 x 1024, in 16s
         "doesn't fit: peak 30.0 of 24.0 GB; lower max_completion_length from 1024 to 640")
+
+
+def test_a_budget_past_the_sequence_vllm_is_loaded_for_says_the_length_that_fits():
+    assert length_problem(612, 1024, 4096) is None
+    assert length_problem(612, 4096, 4096) == (  # vLLM would stop each rollout at 4,096 tokens in all, not 4,096 more
+        "doesn't fit: the longest prompt's 612 tokens and max_completion_length 4096 exceed max_seq_length 4096, the "
+        "longest sequence vLLM is loaded for; lower max_completion_length from 4096 to 3472")
+    assert length_problem(4090, 512, 4096).endswith("; shorten the prompts")
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,8 @@ tokens (``min_new_tokens``, or vLLM's ``min_tokens``); as many tool rounds as th
 first pays the one-off costs (compiling kernels, capturing CUDA graphs), so the second's time is a step's. It costs
 those steps and a copy of the trainable weights, which are put back after them (their optimizer is thrown away): the
 trial trains nothing.
+Before them, with vLLM, the longest prompt and ``max_completion_length`` are checked against the sequence vLLM is
+loaded for (``length_problem``): past it, vLLM cuts every long rollout short, and the worst case isn't one.
 ``verdict`` is the decision alone, from measured numbers.
 """
 
@@ -69,13 +71,29 @@ def verdict(measured: Measured, allowed_gb: float | None, max_steps: int, batch:
     return f"doesn't fit: {said}; lower max_completion_length from {completion_length} to {length}"
 
 
+def length_problem(prompt_tokens: int, completion_length: int, max_seq_length: int) -> str | None:
+    """Where the longest prompt and a rollout's budget exceed the sequence vLLM is loaded for (Unsloth's
+    ``max_seq_length``, vLLM's ``max_model_len``), which would cut rollouts short of ``max_completion_length``: the
+    line saying the length to lower it to."""
+    if prompt_tokens + completion_length <= max_seq_length:
+        return None
+    room = (max_seq_length - prompt_tokens) // 16 * 16
+    fix = f"lower max_completion_length from {completion_length} to {room}" if room >= 16 else "shorten the prompts"
+    return (f"doesn't fit: the longest prompt's {prompt_tokens} tokens and max_completion_length {completion_length} "
+            f"exceed max_seq_length {max_seq_length}, the longest sequence vLLM is loaded for; {fix}")
+
+
+def prompt_lengths(env, tokenizer, config) -> list[int]:
+    """The training split's prompts' lengths in tokens, as the trainer renders them."""
+    kwargs = getattr(config, "chat_template_kwargs", None) or {}
+    return [len(tokenizer.apply_chat_template(row["prompt"], tokenize=True, add_generation_prompt=True,
+                                              return_dict=False, **kwargs)) for row in env.dataset]
+
+
 def longest_prompt_rows(env, tokenizer, config, count: int):
     """``count`` rows of the training split, each its row with the longest prompt in tokens."""
-    rows = env.dataset
-    kwargs = getattr(config, "chat_template_kwargs", None) or {}
-    lengths = [len(tokenizer.apply_chat_template(row["prompt"], tokenize=True, add_generation_prompt=True,
-                                                 return_dict=False, **kwargs)) for row in rows]
-    return rows.select([max(range(len(lengths)), key=lengths.__getitem__)] * count)
+    lengths = prompt_lengths(env, tokenizer, config)
+    return env.dataset.select([max(range(len(lengths)), key=lengths.__getitem__)] * count)
 
 
 def trial_step(model, tokenizer, config, env) -> Measured:
@@ -142,6 +160,9 @@ def check(model, tokenizer, config, env, preset, force: bool = False) -> str:
 
         card, cap = gpu_memory()
         allowed = (cap or card) / 1e9
+    if config.use_vllm and (problem := length_problem(max(prompt_lengths(env, tokenizer, config)),
+                                                      config.max_completion_length, preset.max_seq_length)):
+        raise Stop(problem)  # vLLM would stop every long rollout at its max_model_len: the trial would measure less
     measured = trial_step(model, tokenizer, config, env)
     line = verdict(measured, allowed, config.max_steps, config.per_device_train_batch_size,
                    config.gradient_accumulation_steps, config.max_completion_length)
