@@ -127,7 +127,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="the fitting run's steps, the first left out of the median")
     parser.add_argument("--server-processes", type=int, default=4)
     # 3,072 with the longest prompt stays within "24gb"'s max_seq_length of 4,096, so memory, not the length check
-    # (trial.length_problem), is what stops it: 32 rollouts of it at once is 4x the preset's tokens a micro-batch
+    # (trial.length_problem), is what stops it: 32 rollouts of it a micro-batch are 12x the preset's tokens (8 of 1,024)
     parser.add_argument("--planted", nargs="*", default=["max_completion_length=3072", "per_device_train_batch_size=32",
                                                          "gradient_accumulation_steps=1"])
     parser.add_argument("--timeout-s", type=float, default=600.0, help="each run stopped after this long")
