@@ -7,7 +7,7 @@ from agentenv_nb.stack import import_unsloth
 
 import_unsloth()  # before anything imports trl, as TRL 1.15 on CPU needs
 from agentenv_nb import AgentEnv  # noqa: E402
-from agentenv_nb.train.grpo.trial import (Measured, check, length_problem, longest_prompt_rows, trial_step,  # noqa: E402
+from agentenv_nb.train.grpo.trial import (Measured, check, length_problem, longest_prompt, trial_step,  # noqa: E402
                                           verdict)
 from agentenv_nb.train.presets import PRESETS  # noqa: E402
 from tests.conftest import one_turn_task, write_bundle  # noqa: E402
@@ -63,10 +63,10 @@ def test_the_trial_step_runs_the_worst_case_on_cpu_and_trains_nothing(short_and_
     config = presets.grpo_config("cpu-tiny", output_dir=str(tmp_path), max_steps=30, max_completion_length=32,
                                  per_device_train_batch_size=4, gradient_accumulation_steps=1, num_generations=4,
                                  steps_per_generation=1)
-    rows = longest_prompt_rows(short_and_long, tokenizer, config, 3)
-    assert len(rows) == 3 and all(row["task_id"].endswith("long") for row in rows)
+    longest, prompt_tokens = longest_prompt(short_and_long, tokenizer, config)
+    assert short_and_long.dataset[longest]["task_id"].endswith("long") and prompt_tokens > 30  # " Take your time." x 30
     weights = {name: p.detach().clone() for name, p in model.named_parameters()}
-    measured = trial_step(model, tokenizer, config, short_and_long)
+    measured = trial_step(model, tokenizer, config, short_and_long, longest)
     assert measured.completion_tokens == 32  # every rollout written to the budget
     assert not measured.out_of_memory and measured.seconds > 0 and measured.peak_gb == 0  # no GPU here
     assert all(p.equal(weights[name]) for name, p in model.named_parameters())  # the step trained nothing

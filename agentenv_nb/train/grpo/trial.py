@@ -83,22 +83,20 @@ def length_problem(prompt_tokens: int, completion_length: int, max_seq_length: i
             f"exceed max_seq_length {max_seq_length}, the longest sequence vLLM is loaded for; {fix}")
 
 
-def prompt_lengths(env, tokenizer, config) -> list[int]:
-    """The training split's prompts' lengths in tokens, as the trainer renders them."""
+def longest_prompt(env, tokenizer, config) -> tuple[int, int]:
+    """The index of the training split's row with the longest prompt, and that prompt's length in tokens, as the
+    trainer renders it."""
     kwargs = getattr(config, "chat_template_kwargs", None) or {}
-    return [len(tokenizer.apply_chat_template(row["prompt"], tokenize=True, add_generation_prompt=True,
-                                              return_dict=False, **kwargs)) for row in env.dataset]
+    lengths = [len(tokenizer.apply_chat_template(row["prompt"], tokenize=True, add_generation_prompt=True,
+                                                 return_dict=False, **kwargs)) for row in env.dataset]
+    index = max(range(len(lengths)), key=lengths.__getitem__)
+    return index, lengths[index]
 
 
-def longest_prompt_rows(env, tokenizer, config, count: int):
-    """``count`` rows of the training split, each its row with the longest prompt in tokens."""
-    lengths = prompt_lengths(env, tokenizer, config)
-    return env.dataset.select([max(range(len(lengths)), key=lengths.__getitem__)] * count)
-
-
-def trial_step(model, tokenizer, config, env) -> Measured:
-    """Train ``TRIAL_STEPS`` steps at the worst case on a trainer of its own (the kit's, as ``grpo.trainer_for`` makes
-    it), putting the trainable weights back after them; the last step's time (TRL's ``step_time``) is the step's."""
+def trial_step(model, tokenizer, config, env, longest: int) -> Measured:
+    """Train ``TRIAL_STEPS`` steps at the worst case, every row the split's ``longest`` (``longest_prompt``), on a
+    trainer of its own (the kit's, as ``grpo.trainer_for`` makes it), putting the trainable weights back after them;
+    the last step's time (TRL's ``step_time``) is the step's."""
     import torch
 
     from agentenv_nb.train.grpo.trainer import trainer_for
@@ -120,7 +118,7 @@ def trial_step(model, tokenizer, config, env) -> Measured:
                 generation_batch_size=None,  # TRL derives it again from steps_per_generation, and refuses both set
                 generation_kwargs={**(config.generation_kwargs or {}), **full})
             trainer = trainer_for(model, tokenizer, trial, env, callbacks=[])
-        trainer.train_dataset = longest_prompt_rows(env, tokenizer, config, rows_a_step * TRIAL_STEPS)
+        trainer.train_dataset = env.dataset.select([longest] * rows_a_step * TRIAL_STEPS)
         start, out_of_memory = time.perf_counter(), False
         try:
             with to_log("the trial step"):
@@ -160,10 +158,11 @@ def check(model, tokenizer, config, env, preset, force: bool = False) -> str:
 
         card, cap = gpu_memory()
         allowed = (cap or card) / 1e9
-    if config.use_vllm and (problem := length_problem(max(prompt_lengths(env, tokenizer, config)),
-                                                      config.max_completion_length, preset.max_seq_length)):
+    longest, prompt_tokens = longest_prompt(env, tokenizer, config)
+    if config.use_vllm and (problem := length_problem(prompt_tokens, config.max_completion_length,
+                                                      preset.max_seq_length)):
         raise Stop(problem)  # vLLM would stop every long rollout at its max_model_len: the trial would measure less
-    measured = trial_step(model, tokenizer, config, env)
+    measured = trial_step(model, tokenizer, config, env, longest)
     line = verdict(measured, allowed, config.max_steps, config.per_device_train_batch_size,
                    config.gradient_accumulation_steps, config.max_completion_length)
     if line.startswith("doesn't fit"):
