@@ -24,9 +24,16 @@ from pathlib import Path
 from agentenv_nb import settings
 
 SHOWN_ON_FAILURE = 20  # lines of the log a failure prints before its traceback
-# The packages whose prints go to the log: the training stack's (Unsloth's compiled trainers included)
-LIBRARIES = ("unsloth", "unsloth_zoo", "unsloth_compiled_cache", "vllm", "trl", "transformers", "peft", "accelerate",
-             "bitsandbytes", "torch", "datasets", "huggingface_hub", "agent_env")
+# The packages whose prints go to the log: the training stack's
+LIBRARIES = ("unsloth", "unsloth_zoo", "vllm", "trl", "transformers", "peft", "accelerate", "bitsandbytes", "torch",
+             "datasets", "huggingface_hub", "agent_env")
+# Unsloth's rewrites of TRL's trainers and configs are modules of their own, named "Unsloth" and TRL's class
+# (UnslothGRPOTrainer, UnslothSFTTrainer), which unsloth_zoo's compiler runs from its cache folder
+COMPILED_BY_UNSLOTH = "Unsloth"
+
+
+def _from_a_library(module: str) -> bool:
+    return module.split(".")[0] in LIBRARIES or module.startswith(COMPILED_BY_UNSLOTH)
 
 
 class _LogWhileOpen(io.TextIOBase):
@@ -61,7 +68,8 @@ class _LogWhileOpen(io.TextIOBase):
 
 
 class _LibraryPrints(io.TextIOBase):
-    """stdout for a block: what code of ``LIBRARIES`` writes goes to ``log``; anything else's to ``console``."""
+    """stdout for a block: what the libraries' code (``LIBRARIES``, Unsloth's compiled trainers) writes goes to ``log``;
+    anything else's to ``console``."""
 
     def __init__(self, console, log):
         self.console, self.log = console, log
@@ -69,7 +77,7 @@ class _LibraryPrints(io.TextIOBase):
     def write(self, text: str) -> int:
         # print() writes from the caller's frame: the module that printed
         module = sys._getframe(1).f_globals.get("__name__") or ""
-        return (self.log if module.split(".")[0] in LIBRARIES else self.console).write(text)
+        return (self.log if _from_a_library(module) else self.console).write(text)
 
     def flush(self) -> None:
         self.console.flush()

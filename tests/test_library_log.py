@@ -103,6 +103,33 @@ def test_what_unsloth_prints_as_the_kit_imports_it_goes_to_the_log(tmp_path):
     assert unsloth_lines(kept) and "a notice while loading" in kept and "between blocks" not in kept, kept
 
 
+def test_what_unsloths_compiled_trainers_print_goes_to_the_log(tmp_path):
+    """Unsloth rewrites TRL's trainers and configs into modules of their own (UnslothGRPOTrainer, ...), which
+    unsloth_zoo's compiler runs from its cache folder; their notes on a config ("The Dr GRPO paper recommends ...") and
+    on a dataset ("We found double BOS tokens ...") are the library's, not the kit's. The module is run here as that
+    compiler runs it (tests/test_pinned_internals.py checks it still does)."""
+    cache = tmp_path / "unsloth_compiled_cache"
+    cache.mkdir()
+    (cache / "UnslothSFTTrainer.py").write_text(
+        "def prepare(): print('Unsloth: We found double BOS tokens - we shall remove one automatically.')\n")
+    shown = run(tmp_path, """
+        import importlib.util, sys
+        location = "unsloth_compiled_cache/UnslothSFTTrainer.py"
+        spec = importlib.util.spec_from_file_location("UnslothSFTTrainer", location)
+        compiled = importlib.util.module_from_spec(spec)
+        sys.modules["UnslothSFTTrainer"] = compiled
+        exec(compile(open(location).read(), location, "exec"), compiled.__dict__)
+        with to_log("training"):
+            compiled.prepare()
+            print("the kit's own line")
+    """)
+    assert shown.returncode == 0, shown.stderr
+    log = tmp_path / "library.log"
+    assert shown.stdout.splitlines() == ["the kit's own line",
+                                         f"agentenv_nb: the libraries wrote 1 line while training, in {log}"]
+    assert "We found double BOS tokens" in log.read_text()
+
+
 def test_a_failure_shows_the_libraries_last_lines_and_still_raises(tmp_path):
     shown = run(tmp_path, """
         with to_log("loading the model"):

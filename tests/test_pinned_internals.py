@@ -10,6 +10,7 @@ naming the kit module to read again, before it fails in a run:
   ``train.presets``
 - httpx 0.28.1, the transports' first parameters: ``envs.tls``
 - trl 1.15.0, Unsloth and unsloth_zoo 2026.10.9, where a GRPO step's parts run: bench/gpu_grpo.py's ``train``
+- Unsloth and unsloth_zoo 2026.10.9, the module names of its compiled trainers: ``library_log``
 
 Read as text, importing nothing: importing ``unsloth.models`` puts Unsloth's trainers in TRL's place for the rest of
 the process, unsloth_zoo refuses to import before unsloth, and vLLM, which they import, needs a GPU. What these
@@ -154,3 +155,27 @@ def test_httpx_transports_still_take_verify_cert_trust_env_first():
         parameters = list(inspect.signature(transport.__init__).parameters)  # httpx's own, where envs.tls wrapped it
         assert parameters[:4] == ["self", "verify", "cert", "trust_env"], (
             f"httpx's {transport.__name__} takes {parameters}: revisit agentenv_nb.envs.tls, then this check")
+
+
+def test_unsloths_compiled_trainers_are_modules_named_unsloth_and_trls_class():
+    """Unsloth's rewrite of a TRL trainer and its config is a module named "Unsloth" and the trainer's name, which
+    unsloth_zoo's compiler runs under that name: what it prints goes to the library log by that name
+    (``library_log.COMPILED_BY_UNSLOTH``; run in tests/test_library_log.py)."""
+    revisit = "agentenv_nb.library_log (COMPILED_BY_UNSLOTH)"
+    assert_says(pinned_source("unsloth.models.rl"), "Unsloth's trainer rewrite", revisit,
+                'create_new_function(\n        f"Unsloth{RLTrainer_name}",')
+    assert_says(pinned_source("unsloth_zoo.compiler", "create_new_function"), "unsloth_zoo's create_new_function",
+                revisit, "module_name = name")
+    assert_says(pinned_source("unsloth_zoo.compiler", "_exec_verified_source"), "unsloth_zoo's module runner",
+                revisit, "spec = importlib.util.spec_from_file_location(module_name, file_location)")
+
+
+def test_unsloths_config_keeps_trls_group_scaling_for_dr_grpo_only_when_given_none():
+    """Unsloth's GRPOConfig turns "group" (or True) off for dr_grpo, printing the Dr GRPO paper's advice, and makes
+    None the group scaling: what ``configs.scale_rewards_argument`` gives it for the preset's recipe and the trial's
+    copy of a run's config."""
+    revisit = "agentenv_nb.train.presets.configs (scale_rewards_argument)"
+    assert_says(pinned_source("unsloth.models.rl"), "Unsloth's GRPOConfig rewrite", revisit,
+                '"if loss_type.lower() == \'dr_grpo\':\\n"\n            "    if scale_rewards == None:\\n"\n'
+                '            "        scale_rewards = True\\n"\n'
+                '            "    elif scale_rewards == True or scale_rewards == \'group\':\\n"')

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from agentenv_nb.library_log import to_log
 from agentenv_nb.stops import Stop
 from agentenv_nb.train import presets
+from agentenv_nb.train.presets import configs
 from agentenv_nb.train.fit import duration
 
 TRIAL_STEPS = 2  # the first compiles and captures; the second is timed
@@ -114,7 +115,9 @@ def trial_step(model, tokenizer, config, env, longest: int) -> Measured:
         with to_log("the trial step"):  # Unsloth's notes on its config, its trainer's table and prints: the log's
             trial = dataclasses.replace(
                 config, output_dir=scratch, max_steps=TRIAL_STEPS, eval_strategy="no", eval_on_start=False,
-                save_strategy="no", report_to="none", logging_steps=1, resume_from_checkpoint=None,
+                eval_steps=None, save_strategy="no", report_to="none", logging_steps=1, resume_from_checkpoint=None,
+                # the run's scaling: made again from "group", Unsloth's config would turn it off for dr_grpo
+                scale_rewards=configs.scale_rewards_argument(config.scale_rewards, config.loss_type),
                 generation_batch_size=None,  # TRL derives it again from steps_per_generation, and refuses both set
                 generation_kwargs={**(config.generation_kwargs or {}), **full})
             trainer = trainer_for(model, tokenizer, trial, env, callbacks=[])

@@ -108,9 +108,7 @@ def grpo_kwargs(preset: Preset | str, output_dir: str = "outputs", max_steps: in
     kwargs = {
         **kwargs, **_shared(preset, model_name),
         "chat_template_kwargs": {"enable_thinking": thinking},
-        # TRL's group scaling. Unsloth's rewrite turns "group"/True off for dr_grpo; only None keeps it
-        # (and becomes "group"). Stock TRL rejects None at the first step, so it gets "group" itself.
-        "scale_rewards": None if configs.unsloth_rewrites() else "group",
+        "scale_rewards": "group",  # TRL's default: each group's advantages over its reward std
         "use_vllm": use_vllm,
         "eval_strategy": "steps",
         "eval_on_start": True,
@@ -123,6 +121,7 @@ def grpo_kwargs(preset: Preset | str, output_dir: str = "outputs", max_steps: in
     if kwargs["eval_steps"] is None:
         kwargs["eval_steps"] = kwargs["max_steps"]  # evaluate at the start and at the end
     kwargs = {**kwargs, **_checkpointing(output_dir, save_steps, resume), **overrides}
+    kwargs["scale_rewards"] = configs.scale_rewards_argument(kwargs["scale_rewards"], kwargs["loss_type"])
     if not use_vllm and parts > 1 and "steps_per_generation" not in overrides:
         kwargs["steps_per_generation"] = max(1, kwargs["gradient_accumulation_steps"] // parts)
     return kwargs

@@ -34,6 +34,13 @@ def unsloth_rewrites() -> bool:
     return _stock_class(trl.GRPOConfig) is not trl.GRPOConfig
 
 
+def scale_rewards_argument(scaling, loss_type: str):
+    """What to give GRPOConfig as ``scale_rewards`` for TRL's ``scaling``: Unsloth's rewrite turns "group" (True)
+    off for dr_grpo, keeping it only for None, which stock TRL rejects at the first step."""
+    keeps_group = scaling in ("group", True) and loss_type.lower() == "dr_grpo" and unsloth_rewrites()
+    return None if keeps_group else scaling
+
+
 def _stock_class(cls: type) -> type:
     """TRL's own config class under an Unsloth rewrite, or ``cls`` itself.
 
