@@ -24,6 +24,7 @@ from pathlib import Path
 
 FITS = re.compile(r"fits: peak ([\d.]+) of ([\d.]+) GB; at most about ([\d.]+) (s|minutes|hours) a step")
 TRAINED = re.compile(r"trained to step (\d+) of (\d+) in .*, peak GPU memory ([\d.]+) GiB")
+STEP = re.compile(r"^step +\d+ \|.*\| ([\d.]+) s/step", re.MULTILINE)  # the run's progress line for each step
 SECONDS = {"s": 1, "minutes": 60, "hours": 3600}
 
 
@@ -88,8 +89,9 @@ def fits(args) -> dict:
     ran = command(args, run_dir, args.steps, [])
     trial, trained = FITS.search(ran["stdout"]), TRAINED.search(ran["stdout"])
     state = run_dir / "grpo" / "trainer_state.json"
+    # the trainer's state is saved at the end; a run stopped before it has its progress lines
     steps = [log["step_time"] for log in json.loads(state.read_text())["log_history"] if "step_time" in log] \
-        if state.exists() else []
+        if state.exists() else [float(seconds) for seconds in STEP.findall(ran["stdout"])]
     report = {"exit": ran["exit"], "seconds": ran["seconds"], "trial_line": trial and trial.group(0),
               "step_times_s": steps, "nvidia_smi_peak_gib": ran["nvidia_smi_peak_gib"],
               "stderr_tail": ran["stderr"][-3000:] if ran["exit"] else ""}
