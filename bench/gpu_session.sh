@@ -24,7 +24,7 @@
 #   transformers' generate with SmolLM2 (GPU_PLAY_TEST=0: not run);
 # - with GPU_SEEDS="1 2", each preset's notebooks on a bundle of each seed at once (WORK/PRESET, WORK/PRESET-seed2);
 # - with GPU_TRIAL=1, beside them, bench/gpu_trial.py on the Qwen3-4B shape held to 24 GB (WORK/trial.json), each of
-#   its runs stopped after GPU_TRIAL_TIMEOUT_S (600 unless set);
+#   its runs (GPU_TRIAL_RUNS, "fits planted" unless set) stopped after GPU_TRIAL_TIMEOUT_S (600 unless set);
 # - with GPU_EXPERT_REPLAY=1, first, bench/expert_replay.py: notebook 02's replay of 2,000 expert episodes;
 # - once the notebooks are done, on the idle card: bench/gpu_grpo.py on the Qwen3-4B shape held to 24 GB, the variants
 #   GPU_VARIANTS names, in order, as long as the deadline allows (GPU_VARIANTS= : none); runs of their own apart by
@@ -149,7 +149,7 @@ play_test() {  # one vLLM engine a process: from 4-bit weights ("24gb"), then fr
 }
 trial() {  # bench/gpu_trial.py: the trial step's estimate against its run's steps on the Qwen3-4B shape, then a
   q4b && OUT=$WORK timeout -k 10 "$(left)" python3 bench/gpu_trial.py --model "$WORK/q4b" \
-    --bundle "$WORK/gridsim-gpu" --work "$WORK/trial" --timeout-s "${GPU_TRIAL_TIMEOUT_S:-600}" \
+    --bundle "$WORK/gridsim-gpu" --work "$WORK/trial" --timeout-s "${GPU_TRIAL_TIMEOUT_S:-600}" --runs ${GPU_TRIAL_RUNS:-fits planted} \
     > "$WORK/trial.log" 2>&1  # planted run that can't fit
   say "trial: exit $?"
 }

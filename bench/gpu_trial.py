@@ -119,6 +119,9 @@ def planted(args) -> dict:
             "stderr_tail": "" if lines else ran["stderr"][-3000:]}
 
 
+RUNS = {"fits": fits, "planted": planted}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True)
@@ -133,9 +136,10 @@ def main() -> None:
     parser.add_argument("--planted", nargs="*", default=["max_completion_length=3072", "per_device_train_batch_size=32",
                                                          "gradient_accumulation_steps=1"])
     parser.add_argument("--timeout-s", type=float, default=600.0, help="each run stopped after this long")
+    parser.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS), help="which of the two runs, in order")
     args = parser.parse_args()
     Path(args.work).mkdir(parents=True, exist_ok=True)
-    report = {"preset": args.preset, "cap_gb": args.cap_gb, "fits": fits(args), "planted": planted(args)}
+    report = {"preset": args.preset, "cap_gb": args.cap_gb, **{run: RUNS[run](args) for run in args.runs}}
     out = Path(os.environ.get("OUT") or args.work)
     (out / "trial.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
