@@ -24,9 +24,10 @@ from pathlib import Path
 from agentenv_nb import settings
 
 SHOWN_ON_FAILURE = 20  # lines of the log a failure prints before its traceback
-# The packages whose prints go to the log: the training stack's
+# The packages whose prints go to the log: the training stack's, and tqdm's, whose write() prints for them (the
+# trainer's metrics under its bar in a console); the kit draws no tqdm bar
 LIBRARIES = ("unsloth", "unsloth_zoo", "vllm", "trl", "transformers", "peft", "accelerate", "bitsandbytes", "torch",
-             "datasets", "huggingface_hub", "agent_env")
+             "datasets", "huggingface_hub", "agent_env", "tqdm")
 # Unsloth's rewrites of TRL's trainers and configs are modules of their own, named "Unsloth" and TRL's class
 # (UnslothGRPOTrainer, UnslothSFTTrainer), which unsloth_zoo's compiler runs from its cache folder
 COMPILED_BY_UNSLOTH = "Unsloth"

@@ -45,6 +45,7 @@ def test_library_output_goes_to_the_log_and_one_line_says_so_where(tmp_path):
             library.warning("a notice from transformers")
             for _ in tqdm(range(3), desc="a progress bar"):
                 pass
+            tqdm.write("{'loss': '0.1'}")  # what transformers' console bar writes under itself at each log
             warnings.warn("a Python warning")
             late.addHandler(logging.StreamHandler())  # a library imported inside the block makes its handler there
             late.warning("from a handler made inside")
@@ -61,13 +62,13 @@ def test_library_output_goes_to_the_log_and_one_line_says_so_where(tmp_path):
     assert shown.returncode == 0, shown.stderr
     trainable = "trainable params: 64 || all params: 84 || trainable%: 76.1905"
     assert shown.stdout.splitlines() == ["the kit's own line",
-                                         f"agentenv_nb: the libraries wrote 6 lines while training, in {log}",
+                                         f"agentenv_nb: the libraries wrote 7 lines while training, in {log}",
                                          trainable]
     # after what importing PEFT may write (torchao's notices where it is installed), before the block
     assert shown.stderr.splitlines()[-2:] == ["[transformers] transformers after the block",
                                               "the handler made inside, after the block"]
     kept = log.read_text()
-    for line in ("--- training", "a notice from transformers", "a progress bar", "a Python warning",
+    for line in ("--- training", "a notice from transformers", "a progress bar", "{'loss': '0.1'}", "a Python warning",
                  "from a handler made inside", trainable):
         assert line in kept
     assert "after the block" not in kept

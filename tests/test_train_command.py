@@ -251,6 +251,7 @@ def test_two_processes_train_once_then_one_resumes(tmp_path):
     one = run([*TRAIN, *tiny_run, "--max-steps", "2"], tmp_path)
     assert one.returncode == 0, one.stderr[-3000:]
     assert "resumed from checkpoint 1, step 1 of 2" in one.stdout
+    assert "{'loss'" not in one.stdout + one.stderr  # transformers' console bar and its metrics: the library log's
     logs = json.loads((grpo / "trainer_state.json").read_text())["log_history"]
     assert [log["step"] for log in logs if "loss" in log] == [1, 2]  # step 1 kept from the checkpoint, not redone
     evals = [log["step"] for log in logs if "eval_reward" in log]
