@@ -149,8 +149,8 @@ play_test() {  # one vLLM engine a process: from 4-bit weights ("24gb"), then fr
 }
 trial() {  # bench/gpu_trial.py: the trial step's estimate against its run's steps on the Qwen3-4B shape, then a
   q4b && OUT=$WORK timeout -k 10 "$(left)" python3 bench/gpu_trial.py --model "$WORK/q4b" \
-    --bundle "$WORK/gridsim-gpu" --work "$WORK/trial" --timeout-s "${GPU_TRIAL_TIMEOUT_S:-600}" --runs ${GPU_TRIAL_RUNS:-fits planted} \
-    > "$WORK/trial.log" 2>&1  # planted run that can't fit
+    --bundle "$WORK/gridsim-gpu" --work "$WORK/trial" --timeout-s "${GPU_TRIAL_TIMEOUT_S:-600}" \
+    --runs ${GPU_TRIAL_RUNS:-fits planted} > "$WORK/trial.log" 2>&1  # planted run that can't fit
   say "trial: exit $?"
 }
 if [[ ${GPU_SESSION:-} == probes ]]; then

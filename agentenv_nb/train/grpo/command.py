@@ -91,10 +91,11 @@ def main(argv: list[str] | None = None) -> int:
                    or earlier_steps.warm_start_problem(run.run_dir, run.warm_start, COMMAND))
         if problem:
             raise UsageError(problem)
+        settings = dict(args.overrides)
         # "auto": the card's, said in a line; resolved once, with the --set settings that size it, handed down
-        preset = grpo_run.run_preset(run, COMMAND, dict(args.overrides))
+        preset = grpo_run.run_preset(run, COMMAND, settings)
         # FSDP with vLLM, a GPU short, the async trainer without vLLM or on several processes
-        if problem := launch_problem(preset, dict(args.overrides), run.trainer, COMMAND):
+        if problem := launch_problem(preset, settings, run.trainer, COMMAND):
             raise UsageError(problem)
         model_name = earlier_steps.warm_start(run.run_dir, run.warm_start)
         bundle = None if args.env_url or os.environ.get("RANK", "0") != "0" else where_to_serve(run)
