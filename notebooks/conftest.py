@@ -8,7 +8,12 @@ import pytest
 
 from agentenv_nb.notebook.params import use_tiny_defaults
 
-use_tiny_defaults(tempfile.mkdtemp(prefix="agentenv_nb-notebooks-"))
+run_folder = tempfile.TemporaryDirectory(prefix="agentenv_nb-notebooks-")
+use_tiny_defaults(run_folder.name)
+
+
+def pytest_unconfigure(config):
+    run_folder.cleanup()
 
 
 @pytest.hookimpl(wrapper=True)
