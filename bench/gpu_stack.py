@@ -29,7 +29,7 @@ import tomllib
 import urllib.request
 import zipfile
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the kit's known sets, from this checkout, before the kit is installed there
@@ -179,31 +179,50 @@ def install(site: Path, manifest: dict) -> None:
     if sha256(whole) != manifest["sha256"]:
         shutil.rmtree(site / "parts")
         raise SystemExit("gpu_stack: the gathered parts are damaged: send them again")
-    shutil.rmtree(site / "parts")
     wheels, target = site / "wheels", site / "site-packages"
     with tarfile.open(whole) as tar:
         tar.extractall(wheels, filter="data")
-    whole.unlink()
     shutil.rmtree(target, ignore_errors=True)
+    # Every folder made here, by one process: where two processes made the same folder at once (the wheels share
+    # nvidia/, cuda/), one of them failed, and on this file system a folder just made by another can be briefly unseen
+    for folder in sorted({folder for wheel in wheels.iterdir() for folder in folders(wheel)}):
+        (target / folder).mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor() as pool:  # the machine's cores, where pip --target took 139 s on one
         list(pool.map(unpack, sorted(wheels.iterdir()), itertools.repeat(target)))
-    shutil.rmtree(wheels)
+    for wheel in wheels.iterdir():
+        place_data(wheel, target)
     # Compiled as pip compiles what it installs, so a source's SyntaxWarning (torchao's) is pip's to hide, not the
     # first import's to print
     subprocess.run([sys.executable, "-W", "ignore", "-m", "compileall", "-q", "-j", "0", str(target)], check=True,
                    stdout=subprocess.DEVNULL)
     (site / "installed.json").write_text(json.dumps(manifest["wheels"]))
+    # The parts go only once it is installed: if installing fails, receiving the last part again retries it
+    for done in (whole, site / "parts", wheels):
+        done.unlink() if done.is_file() else shutil.rmtree(done)
     print(f"gpu_stack: installed {len(manifest['wheels'])} wheels; PYTHONPATH={target}")
 
 
+def folders(wheel: Path) -> set[PurePosixPath]:
+    """The folders ``wheel``'s files go in, each relative to where it is installed."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = [(PurePosixPath(m.filename), m.is_dir()) for m in archive.infolist()]
+    if any(name.is_absolute() or ".." in name.parts for name, _ in names):
+        raise SystemExit(f"gpu_stack: {wheel.name} names a file outside its folder")
+    return {name if is_dir else name.parent for name, is_dir in names}
+
+
 def unpack(wheel: Path, target: Path) -> None:
-    """Install ``wheel`` into ``target`` as pip's --target does, less its console scripts (nothing there runs them):
-    its files, and its .data folder's scripts, headers and data where pip puts them."""
+    """``wheel``'s files into ``target`` as pip's --target puts them, less its console scripts (nothing there runs
+    them), into folders made already."""
     with zipfile.ZipFile(wheel) as archive:
         for member in archive.infolist():
             path = archive.extract(member, target)
             if member.external_attr >> 16 & 0o111:  # triton's ptxas among them: zipfile drops the mode
                 os.chmod(path, 0o755)
+
+
+def place_data(wheel: Path, target: Path) -> None:
+    """``wheel``'s .data folder's scripts, headers and data where pip puts them."""
     places = {"purelib": "", "platlib": "", "scripts": "bin", "headers": "include", "data": ""}
     for data in target.glob(f"{wheel.name.split('-')[0]}-*.data"):
         for kind in data.iterdir():

@@ -6,6 +6,7 @@ The hosts are given as their probes would read them (Colab and Kaggle can't exis
 branch runs, each GPU's compute capability and memory as nvidia-smi reports them, and the runtime's own torch.
 """
 
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -13,7 +14,9 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -370,13 +373,18 @@ def test_with_no_index_to_ask_the_set_up_says_the_sets_own_minutes():
     assert how_long(None, 6) == "about 6 minutes" and how_long(None, 3) == "a few minutes"
 
 
-def test_the_gpu_machine_keeps_its_own_libraries_only_for_a_set_of_their_cuda():
-    """bench/gpu_stack.py over the GPU machine's description (bench/gpu_machine.toml): its CUDA 13.0 libraries serve the
-    CUDA-13 sets, so the CUDA-12 set carries its own; the set keeping torch 2.11 keeps the machine's and carries vLLM."""
+def load_gpu_stack():
     spec = importlib.util.spec_from_file_location("gpu_stack", Path(__file__).resolve().parents[1] / "bench" /
                                                   "gpu_stack.py")
     gpu_stack = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_stack)
+    return gpu_stack
+
+
+def test_the_gpu_machine_keeps_its_own_libraries_only_for_a_set_of_their_cuda():
+    """bench/gpu_stack.py over the GPU machine's description (bench/gpu_machine.toml): its CUDA 13.0 libraries serve the
+    CUDA-13 sets, so the CUDA-12 set carries its own; the set keeping torch 2.11 keeps the machine's and carries vLLM."""
+    gpu_stack = load_gpu_stack()
 
     def carried(stack: str, name: str, version: str) -> bool:
         desc, _, _ = gpu_stack.for_stack(gpu_stack.machine(), stack)
@@ -390,3 +398,42 @@ def test_the_gpu_machine_keeps_its_own_libraries_only_for_a_set_of_their_cuda():
     assert carried("runtime-2.11-vllm", "vllm", "0.26.0") and carried("runtime-2.11-vllm", "nvidia-cudnn-frontend", "1.28.0")
     _, pins, _ = gpu_stack.for_stack(gpu_stack.machine(), "runtime-2.11-vllm")
     assert {"torch==2.11.0", "vllm==0.26.0"} <= set(pins) and not any(pin.startswith("vllm-bnb") for pin in pins)
+
+
+def test_the_gpu_machine_installs_a_carried_set_once_its_last_part_comes(tmp_path):
+    """bench/gpu_stack.py receive, part by part, of wheels that share folders as NVIDIA's do (cuda/, nvidia/), which
+    the machine's cores unpack at once."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for n in range(32):
+        with zipfile.ZipFile(wheels / f"lib{n}-1.0-py3-none-any.whl", "w") as wheel:
+            wheel.writestr("cuda/", "")
+            wheel.writestr(f"cuda/lib{n}/__init__.py", f"N = {n}\n")
+            script = zipfile.ZipInfo(f"lib{n}-1.0.data/scripts/tool{n}")
+            script.external_attr = 0o755 << 16
+            wheel.writestr(script, "#!/bin/sh\n")
+    with tarfile.open(tmp_path / "stack.tar", "w") as tar:
+        for wheel in sorted(wheels.iterdir()):
+            tar.add(wheel, arcname=wheel.name)
+    whole = (tmp_path / "stack.tar").read_bytes()
+    third = -(-len(whole) // 3)
+    manifest = {"sha256": hashlib.sha256(whole).hexdigest(), "bytes": len(whole), "parts": 3, "stack": "cuda12",
+                "wheels": [f"lib{n}==1.0" for n in range(32)]}
+    machine = tmp_path / "machine.toml"
+    machine.write_text(f'site = "{tmp_path / "site"}"\n')
+    gpu_stack = [sys.executable, str(Path(__file__).resolve().parents[1] / "bench" / "gpu_stack.py"), "--machine",
+                 str(machine)]
+    for index in (1, 2, 3):
+        part = tmp_path / "parts" / f"{index:02d}"
+        part.mkdir(parents=True)
+        (part / "chunk").write_bytes(whole[(index - 1) * third:index * third])
+        (part / "manifest.json").write_text(json.dumps({**manifest, "index": index}))
+        got = subprocess.run([*gpu_stack, "receive", str(part)], capture_output=True, text=True)
+        assert got.returncode == 0, got.stderr
+        where = subprocess.run([*gpu_stack, "path", "--stack", "cuda12"], capture_output=True, text=True)
+        assert (where.returncode == 0) == (index == 3)  # installed once the last part is there, not before
+    installed = tmp_path / "site-cuda12" / "site-packages"
+    assert where.stdout.strip() == str(installed)
+    assert sorted(int(p.read_text().split()[-1]) for p in installed.glob("cuda/lib*/__init__.py")) == list(range(32))
+    assert all(os.access(installed / "bin" / f"tool{n}", os.X_OK) for n in range(32))
+    assert sorted(p.name for p in (tmp_path / "site-cuda12").iterdir()) == ["installed.json", "site-packages"]
