@@ -183,13 +183,14 @@ def install(site: Path, manifest: dict) -> None:
     with tarfile.open(whole) as tar:
         tar.extractall(wheels, filter="data")
     shutil.rmtree(target, ignore_errors=True)
+    every = sorted(wheels.iterdir())
     # Every folder made here, by one process: where two processes made the same folder at once (the wheels share
     # nvidia/, cuda/), one of them failed, and on this file system a folder just made by another can be briefly unseen
-    for folder in sorted({folder for wheel in wheels.iterdir() for folder in folders(wheel)}):
+    for folder in sorted({folder for wheel in every for folder in folders(wheel)}):
         (target / folder).mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor() as pool:  # the machine's cores, where pip --target took 139 s on one
-        list(pool.map(unpack, sorted(wheels.iterdir()), itertools.repeat(target)))
-    for wheel in wheels.iterdir():
+        list(pool.map(unpack, every, itertools.repeat(target)))
+    for wheel in every:
         place_data(wheel, target)
     # Compiled as pip compiles what it installs, so a source's SyntaxWarning (torchao's) is pip's to hide, not the
     # first import's to print

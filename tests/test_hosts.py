@@ -373,18 +373,13 @@ def test_with_no_index_to_ask_the_set_up_says_the_sets_own_minutes():
     assert how_long(None, 6) == "about 6 minutes" and how_long(None, 3) == "a few minutes"
 
 
-def load_gpu_stack():
+def test_the_gpu_machine_keeps_its_own_libraries_only_for_a_set_of_their_cuda():
+    """bench/gpu_stack.py over the GPU machine's description (bench/gpu_machine.toml): its CUDA 13.0 libraries serve the
+    CUDA-13 sets, so the CUDA-12 set carries its own; the set keeping torch 2.11 keeps the machine's and carries vLLM."""
     spec = importlib.util.spec_from_file_location("gpu_stack", Path(__file__).resolve().parents[1] / "bench" /
                                                   "gpu_stack.py")
     gpu_stack = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_stack)
-    return gpu_stack
-
-
-def test_the_gpu_machine_keeps_its_own_libraries_only_for_a_set_of_their_cuda():
-    """bench/gpu_stack.py over the GPU machine's description (bench/gpu_machine.toml): its CUDA 13.0 libraries serve the
-    CUDA-13 sets, so the CUDA-12 set carries its own; the set keeping torch 2.11 keeps the machine's and carries vLLM."""
-    gpu_stack = load_gpu_stack()
 
     def carried(stack: str, name: str, version: str) -> bool:
         desc, _, _ = gpu_stack.for_stack(gpu_stack.machine(), stack)
@@ -401,8 +396,8 @@ def test_the_gpu_machine_keeps_its_own_libraries_only_for_a_set_of_their_cuda():
 
 
 def test_the_gpu_machine_installs_a_carried_set_once_its_last_part_comes(tmp_path):
-    """bench/gpu_stack.py receive, part by part, of wheels that share folders as NVIDIA's do (cuda/, nvidia/), which
-    the machine's cores unpack at once."""
+    """bench/gpu_stack.py receive, part by part, of wheels that share a folder as NVIDIA's share cuda/ and nvidia/,
+    which the machine's cores unpack at once."""
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     for n in range(32):
