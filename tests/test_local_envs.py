@@ -2,10 +2,14 @@
 ``build_app(..., sandbox="process")`` on loopback, played over the OpenEnv WebSocket. No Docker, no mocks."""
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -21,6 +25,7 @@ from .conftest import free_port
 from agentenv_nb.envs.process import pool as env_pool
 from agentenv_nb.envs import tls
 from agentenv_nb.envs.process import sandbox as process_sandbox
+from agentenv_nb.envs.process import zygote
 
 ECHO_ENV = Path(agent_env.__file__).parent / "examples" / "echo-mcp" / "envs" / "echo"
 CAPACITY = 10
@@ -342,3 +347,41 @@ def env_processes(forking: bool = False) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
+
+
+@pytest.mark.slow  # a thousand forks
+def test_an_env_process_that_dies_as_its_parent_forks_is_seen_dead(tmp_path):
+    """The forking parent reaps each child that dies and says how (the server tells the episode which env died): a
+    death that comes as the parent goes back to reading its next order must not wait for that order, which may never
+    come. The test kills each child the instant the parent answers; a reaper run only by the signal's handler missed
+    one in a few hundred."""
+    (tmp_path / "app.py").write_text("import time\ntime.sleep(60)\n")
+    exits = tmp_path / "exits"
+    exits.mkdir()
+    parent = subprocess.Popen([sys.executable, zygote.__file__, "fork", "[]", str(exits)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, cwd=tmp_path, start_new_session=True)
+    os.set_blocking(parent.stdout.fileno(), False)
+    unseen = []
+    try:
+        for round in range(1000):
+            root = tmp_path / f"env-{round}"
+            root.mkdir()
+            order = {"app_dir": str(tmp_path), "script": str(tmp_path / "app.py"), "args": [], "env": {},
+                     "port": 0, "root": str(root), "private": [], "secret": "s", "ids": None, "reads": []}
+            parent.stdin.write(json.dumps(order).encode() + b"\n")
+            parent.stdin.flush()
+            answer = b""
+            while not answer.endswith(b"\n"):  # spun, not waited on, to kill as the parent goes back to reading
+                with contextlib.suppress(BlockingIOError):
+                    answer += os.read(parent.stdout.fileno(), 100)
+            pid = json.loads(answer)["pid"]
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 2
+            while not (exits / str(pid)).exists() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            if not (exits / str(pid)).exists():
+                unseen.append(pid)
+    finally:
+        parent.stdin.close()
+        parent.wait(10)
+    assert not unseen, f"{len(unseen)} of 1000 deaths weren't reaped until the parent's next order"

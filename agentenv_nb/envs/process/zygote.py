@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import runpy
+import select
 import shutil
 import signal
 import socket
@@ -263,7 +264,7 @@ def serve_forks(modules: list, exits: str) -> None:
             pass
     children = {}
 
-    def reap(*_) -> None:
+    def reap() -> None:
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -279,16 +280,36 @@ def serve_forks(modules: list, exits: str) -> None:
             except OSError:  # the pool is closing, and its folder with it
                 pass
 
-    signal.signal(signal.SIGCHLD, reap)
-    for line in sys.stdin:
-        process = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            become(process)
-        children[pid] = process["root"]
-        sys.stdout.write(json.dumps({"pid": pid}) + "\n")
-        sys.stdout.flush()
+    # A Python handler that reaps can miss a death: one that comes just before a blocking read of stdin waits for the
+    # next line, and the child stays a zombie its server takes for alive. The signal's wakeup fd wakes the select.
+    woken, wake = os.pipe()
+    os.set_blocking(wake, False)
+    signal.set_wakeup_fd(wake)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    stdin, pending = sys.stdin.fileno(), b""
+    while True:
+        readable, _, _ = select.select([stdin, woken], [], [])
+        if woken in readable:
+            os.read(woken, 4096)
+            reap()
+        if stdin not in readable:
+            continue
+        chunk = os.read(stdin, 65536)
+        if not chunk:
+            break
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            process = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                os.close(woken)
+                os.close(wake)
+                become(process)
+            children[pid] = process["root"]
+            sys.stdout.write(json.dumps({"pid": pid}) + "\n")
+            sys.stdout.flush()
     for pid, root in list(children.items()):
         if os.path.isdir(root):  # the server removes the folder of each child it kills
             try:
