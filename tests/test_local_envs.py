@@ -353,8 +353,8 @@ def env_processes(forking: bool = False) -> list[psutil.Process]:
 def test_an_env_process_that_dies_as_its_parent_forks_is_seen_dead(tmp_path):
     """The forking parent reaps each child that dies and says how (the server tells the episode which env died): a
     death that comes as the parent goes back to reading its next order must not wait for that order, which may never
-    come. The test kills each child the instant the parent answers; a reaper run only by the signal's handler missed
-    one in a few hundred."""
+    come. The test kills each child the instant the parent answers, the moment a reaper run only by the signal's
+    handler can miss."""
     (tmp_path / "app.py").write_text("import time\ntime.sleep(60)\n")
     exits = tmp_path / "exits"
     exits.mkdir()
