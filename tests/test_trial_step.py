@@ -55,7 +55,8 @@ def short_and_long(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_the_trial_step_runs_the_worst_case_on_cpu_and_trains_nothing(short_and_long, tiny_model, tmp_path):
+def test_the_trial_step_runs_the_worst_case_on_cpu_and_trains_nothing(short_and_long, tiny_model, tmp_path,
+                                                                      monkeypatch):
     from agentenv_nb.train import presets
     from agentenv_nb.train.model import loading
 
@@ -66,7 +67,10 @@ def test_the_trial_step_runs_the_worst_case_on_cpu_and_trains_nothing(short_and_
     longest, prompt_tokens = longest_prompt(short_and_long, tokenizer, config)
     assert short_and_long.dataset[longest]["task_id"].endswith("long") and prompt_tokens > 30  # " Take your time." x 30
     weights = {name: p.detach().clone() for name, p in model.named_parameters()}
+    monkeypatch.setenv("AGENTENV_NB_LIBRARY_LOG", str(tmp_path.parent / "trial.log"))
     measured = trial_step(model, tokenizer, config, short_and_long, longest)
+    logged = (tmp_path.parent / "trial.log").read_text()
+    assert logged.count("'step_time'") == 2 and "it/s" not in logged  # each step's log a line, no progress bar
     assert measured.completion_tokens == 32  # every rollout written to the budget
     assert not measured.out_of_memory and measured.seconds > 0 and measured.peak_gb == 0  # no GPU here
     assert all(p.equal(weights[name]) for name, p in model.named_parameters())  # the step trained nothing

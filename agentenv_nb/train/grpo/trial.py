@@ -116,6 +116,7 @@ def trial_step(model, tokenizer, config, env, longest: int) -> Measured:
             trial = dataclasses.replace(
                 config, output_dir=scratch, max_steps=TRIAL_STEPS, eval_strategy="no", eval_on_start=False,
                 eval_steps=None, save_strategy="no", report_to="none", logging_steps=1, resume_from_checkpoint=None,
+                disable_tqdm=True,  # its logs as lines in the library log, not a bar (in a notebook, HTML objects)
                 # the run's scaling: made again from "group", Unsloth's config would turn it off for dr_grpo
                 scale_rewards=configs.scale_rewards_argument(config.scale_rewards, config.loss_type),
                 generation_batch_size=None,  # TRL derives it again from steps_per_generation, and refuses both set
