@@ -281,7 +281,8 @@ def serve_forks(modules: list, exits: str) -> None:
                 pass
 
     # A Python handler that reaps can miss a death: one that comes just before a blocking read of stdin waits for the
-    # next line, and the child stays a zombie its server takes for alive. The signal's wakeup fd wakes the select.
+    # next line, and the child stays a zombie its server takes for alive. The signal's wakeup fd wakes the select; the
+    # handler does nothing but must be set, as SIGCHLD ignored by default writes nothing to the fd.
     woken, wake = os.pipe()
     os.set_blocking(wake, False)
     signal.set_wakeup_fd(wake)
