@@ -7,7 +7,7 @@ Usage::
     python bench/gpu_grpo.py --model /tmp/q4b --variants bare,kit,kit-4bit,kit-fp8,kit-async --budget-s 150
     python bench/gpu_grpo.py --model /tmp/q4b --preset 16bit --no-cap --variants kit,bare
     python bench/gpu_grpo.py --model /tmp/q4b --variants kit,bare --no-vllm --tag _novllm   # transformers' generate
-    python bench/gpu_grpo.py --smoke                           # CPU plumbing: tiny model, "cpu-tiny", 1 step
+    python bench/gpu_grpo.py --smoke                           # CPU plumbing: tiny model, "cpu-tiny", 2 steps
     python bench/gpu_grpo.py --model /tmp/q4b --variants bare --set steps_per_generation=1 --memory-history 4000000
 
 Each variant runs in a process of its own (its own model and vLLM engine, its own peak memory); one that fails or passes
@@ -340,7 +340,7 @@ def in_own_process(name: str, args) -> dict:
 def rollouts_per_s(result: dict) -> float | None:
     """The rollouts trained on a second over the steady steps: as each step logged them where the trainer does (the
     async trainer's), else the configured rollouts a step."""
-    steady = result["steps"][1:] or result["steps"]
+    steady = result["steps"][1:]
     seconds = sum(step["step_s"] for step in steady)
     if steady and all(step.get("batch/samples_per_step") for step in steady):
         return sum(step["batch/samples_per_step"] for step in steady) / seconds
@@ -468,7 +468,7 @@ def parse(argv=None):
                         help="the preset every variant trains with; the variant names vLLM's weights")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of " + ", ".join(VARIANTS))
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--budget-s", type=float, default=200.0, help="a variant stops after the step that passes it")
+    parser.add_argument("--budget-s", type=float, default=200.0, help="a variant stops after the steady step that passes it (the first step's time not counted)")
     parser.add_argument("--setup-s", type=float, default=400.0,
                         help="a variant's process is killed past --budget-s plus this (imports, vLLM's load)")
     parser.add_argument("--cap-gb", type=float, default=24.0, help="GPU memory held to this many GB (1e9 bytes)")
@@ -484,7 +484,7 @@ def parse(argv=None):
     parser.add_argument("--load", action="append", default=[], metavar="KEY=VALUE",
                         help="a from_pretrained argument over the preset's, VALUE as JSON (e.g. max_num_seqs=64)")
     parser.add_argument("--tag", default="", help="appended to the JSON report's name")
-    parser.add_argument("--smoke", action="store_true", help="CPU plumbing: tiny model, cpu-tiny, 1 step")
+    parser.add_argument("--smoke", action="store_true", help="CPU plumbing: tiny model, cpu-tiny, 2 steps")
     parser.add_argument("--fake-oom", choices=VARIANTS, help="raise an OOM after that variant's first step")
     for hidden in ("--bundle", "--work", "--variant"):  # set for a variant's own process
         parser.add_argument(hidden, help=argparse.SUPPRESS)
@@ -494,7 +494,7 @@ def parse(argv=None):
     if not set(args.variants) <= set(VARIANTS):
         parser.error(f"--variants takes some of {', '.join(VARIANTS)}")
     if args.smoke:
-        args.preset, args.steps, args.cap_gb = "cpu-tiny", 1, None
+        args.preset, args.steps, args.cap_gb = "cpu-tiny", 2, None  # a steady step after the first
     elif not args.model:
         parser.error("--model is required (or --smoke)")
     return args

@@ -125,7 +125,8 @@ class StepTimer(TrainerCallback):
     """Per optimizer step: wall time split into generation, env and update, peak GPU memory, logged metrics; and
     ``setup``, the time and peak memory before step 1. Where ``prepare`` times the trainer's input preparation (a
     synchronous GRPO step), the step's parts too (``PARTS``) and what the clocks counted. Stops after the step past
-    ``budget_s``; ``report`` gets steps."""
+    ``budget_s`` of steady steps, counted from the first step's end (the first compiles, so a budget it alone would
+    pass would leave no steady step); ``report`` gets steps."""
 
     def __init__(self, budget_s: float | None = None, fake_oom_step: int | None = None, report=None):
         self.gen, self.env, self.steps, self.setup, self._start = Clock(), Clock(), [], {}, time.perf_counter()
@@ -177,6 +178,8 @@ class StepTimer(TrainerCallback):
                                   rest_s=took["prepare_s"] - gen - env - took["logps_s"])
         if self.fake_oom_step == state.global_step:
             raise torch.OutOfMemoryError(f"simulated by --fake-oom after step {state.global_step}")
+        if len(self.steps) == 1:
+            self._start = time.perf_counter()
         control.should_training_stop |= bool(self.budget_s and time.perf_counter() - self._start > self.budget_s)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -278,8 +281,9 @@ def run_variant(name: str, run, args, report=None) -> dict:
 
 
 def summary(steps: list[dict], env_tools_s: float | None = None, concurrent_s: float | None = None) -> dict:
-    """The steady step (the mean of the steps after the first, ``steady_*``), and peaks over every step."""
-    steady = steps[1:] or steps
+    """The steady step (the mean of the steps after the first, ``steady_*``; None after one step, whose time is
+    mostly compiling), and peaks over every step."""
+    steady = steps[1:]
 
     def mean(key):
         values = [step[key] for step in steady if step.get(key) is not None]
@@ -302,7 +306,8 @@ def markdown(columns: list[tuple], results: list[dict]) -> list[str]:
     """A markdown table in ``columns`` (header, key, decimals of a float): each variant's steps, then its steady row."""
     return markdown_rows(columns, [row for r in results for row in [
         *({"variant": r["variant"], **s} for s in r["steps"]),
-        {**{k.removeprefix("steady_"): v for k, v in r.items()}, "step": f"steady of {r['reached_step']}"}]])
+        {**{k.removeprefix("steady_"): v for k, v in r.items()},
+         "step": f"steady of {r['reached_step']}" if r["reached_step"] > 1 else "no steady step"}]])
 
 
 def markdown_rows(columns: list[tuple], rows: list[dict]) -> list[str]:
