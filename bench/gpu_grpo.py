@@ -341,8 +341,10 @@ def rollouts_per_s(result: dict) -> float | None:
     """The rollouts trained on a second over the steady steps: as each step logged them where the trainer does (the
     async trainer's), else the configured rollouts a step."""
     steady = result["steps"][1:]
+    if not steady:
+        return None
     seconds = sum(step["step_s"] for step in steady)
-    if steady and all(step.get("batch/samples_per_step") for step in steady):
+    if all(step.get("batch/samples_per_step") for step in steady):
         return sum(step["batch/samples_per_step"] for step in steady) / seconds
     return result.get("rollouts_per_step") and seconds and result["rollouts_per_step"] * len(steady) / seconds
 
@@ -468,7 +470,8 @@ def parse(argv=None):
                         help="the preset every variant trains with; the variant names vLLM's weights")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of " + ", ".join(VARIANTS))
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--budget-s", type=float, default=200.0, help="a variant stops after the steady step that passes it (the first step's time not counted)")
+    parser.add_argument("--budget-s", type=float, default=200.0,
+                        help="a variant stops after the steady step that passes it (the first step not counted)")
     parser.add_argument("--setup-s", type=float, default=400.0,
                         help="a variant's process is killed past --budget-s plus this (imports, vLLM's load)")
     parser.add_argument("--cap-gb", type=float, default=24.0, help="GPU memory held to this many GB (1e9 bytes)")
