@@ -108,6 +108,16 @@ class ToyGridSim:
         return 0.0 if self.schedule is None else battery.score(self.prices, self.schedule)
 
 
+def set_poll_interval(bundle: str, seconds: float) -> None:
+    """Rewrite the bundle's tasks so each open episode's server polls its agent turn every ``seconds``."""
+    for task in Path(bundle, "tasks").glob("*.json"):
+        steps = json.loads(task.read_text())
+        for step in steps:
+            if step["type"] == "prompt_agent":
+                step["poll_interval_seconds"] = seconds
+        task.write_text(json.dumps(steps, indent=1))
+
+
 def toy_rows(bundle: str):
     """The bundle's train days as a dataset: the kit's prompt (its task's system prompt and prompt), the prices."""
     from datasets import Dataset
@@ -486,6 +496,9 @@ def parse(argv=None):
                         help="generate with transformers' generate, as a preset does where vLLM doesn't import")
     parser.add_argument("--load", action="append", default=[], metavar="KEY=VALUE",
                         help="a from_pretrained argument over the preset's, VALUE as JSON (e.g. max_num_seqs=64)")
+    parser.add_argument("--poll-s", type=float, metavar="SECONDS",
+                        help="the bundle's prompt_agent poll_interval_seconds (default: GridSim's own)")
+    parser.add_argument("--cpus", metavar="LIST", help="run on these CPU cores only, e.g. 0,1 as on Colab's 2 vCPUs")
     parser.add_argument("--tag", default="", help="appended to the JSON report's name")
     parser.add_argument("--smoke", action="store_true", help="CPU plumbing: tiny model, cpu-tiny, 2 steps")
     parser.add_argument("--fake-oom", choices=VARIANTS, help="raise an OOM after that variant's first step")
@@ -526,6 +539,10 @@ def main(argv=None) -> dict | None:
             from agentenv_nb.train.model.tiny import build_tiny_model
             args.model = build_tiny_model(Path(args.work) / "tiny")
         args.bundle = str(write_bundle(Path(args.work) / "gridsim", train=64, eval=4))
+        if args.poll_s is not None:
+            set_poll_interval(args.bundle, args.poll_s)
+        if args.cpus:  # inherited by the variants' processes and their env servers
+            os.sched_setaffinity(0, {int(cpu) for cpu in args.cpus.split(",")})
     args.overrides = {"output_dir": str(Path(args.work) / f"grpo-{args.variant}"), "max_steps": args.steps,
                       "eval_strategy": "no", "eval_on_start": False, **settings(args.set)}  # every variant's changes
     if args.variant:
@@ -540,6 +557,7 @@ def main(argv=None) -> dict | None:
                 if importlib.util.find_spec(m)}
     report = {"preset": args.preset, "cap_gb": args.cap_gb, "steps": args.steps, "smoke": args.smoke, "device": "cpu",
               "settings": settings(args.set), "load": args.load, "budget_s": args.budget_s,
+              "poll_interval_s": args.poll_s, "cpus": sorted(os.sched_getaffinity(0)),
               "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "versions": versions, "results": []}
     name = f"grpo_{args.preset}{'' if args.cap_gb else '_nocap'}{args.tag}.json"
     for variant in args.variants:
