@@ -66,6 +66,7 @@ if VARIANT and (VARIANT != "trl" or not torch.cuda.is_available()) and __name__ 
     import_unsloth()
 
 import expert_step  # noqa: E402  (bench/, beside this script)
+from poll_cost import set_poll_interval  # noqa: E402
 from measure import (CARDS, CUDA, GIB, StepTimer, cap_memory, markdown, markdown_rows, out_dir,  # noqa: E402
                      run_variant, settings, summary, timed_class, write_report)
 from agentenv_nb.tasks.gridsim import battery, write_bundle  # noqa: E402
@@ -106,16 +107,6 @@ class ToyGridSim:
 
     def get_reward(self) -> float:
         return 0.0 if self.schedule is None else battery.score(self.prices, self.schedule)
-
-
-def set_poll_interval(bundle: str, seconds: float) -> None:
-    """Rewrite the bundle's tasks so each open episode's server polls its agent turn every ``seconds``."""
-    for task in Path(bundle, "tasks").glob("*.json"):
-        steps = json.loads(task.read_text())
-        for step in steps:
-            if step["type"] == "prompt_agent":
-                step["poll_interval_seconds"] = seconds
-        task.write_text(json.dumps(steps, indent=1))
 
 
 def toy_rows(bundle: str):
