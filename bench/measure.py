@@ -280,10 +280,15 @@ def run_variant(name: str, run, args, report=None) -> dict:
     return result
 
 
+def steady_steps(steps: list[dict]) -> list[dict]:
+    """The steps after the first, whose time is mostly compiling."""
+    return steps[1:]
+
+
 def summary(steps: list[dict], env_tools_s: float | None = None, concurrent_s: float | None = None) -> dict:
     """The steady step (the mean of the steps after the first, ``steady_*``; None after one step, whose time is
     mostly compiling), and peaks over every step."""
-    steady = steps[1:]
+    steady = steady_steps(steps)
 
     def mean(key):
         values = [step[key] for step in steady if step.get(key) is not None]
