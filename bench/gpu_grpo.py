@@ -489,7 +489,8 @@ def parse(argv=None):
                         help="a from_pretrained argument over the preset's, VALUE as JSON (e.g. max_num_seqs=64)")
     parser.add_argument("--poll-s", type=float, metavar="SECONDS",
                         help="the bundle's prompt_agent poll_interval_seconds (default: GridSim's own)")
-    parser.add_argument("--cpus", metavar="LIST", help="run on these CPU cores only, e.g. 0,1 as on a notebook host of 2 cores")
+    parser.add_argument("--cpus", metavar="LIST",
+                        help="run on these CPU cores only, e.g. 0,1 as on a notebook host of 2 cores")
     parser.add_argument("--tag", default="", help="appended to the JSON report's name")
     parser.add_argument("--smoke", action="store_true", help="CPU plumbing: tiny model, cpu-tiny, 2 steps")
     parser.add_argument("--fake-oom", choices=VARIANTS, help="raise an OOM after that variant's first step")
