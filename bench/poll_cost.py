@@ -100,8 +100,8 @@ def main() -> None:
     print("| poll interval (s) | polls a second | env host's cores | turn's end, median (s) | slowest (s) |\n"
           "|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['poll_s']:g} | {row['polls_a_s']:g} | {row['host_cores']:.2f} | {row['turn_end_s_median']:.2f} | "
-              f"{row['turn_end_s_max']:.2f} |")
+        print(f"| {row['poll_s']:g} | {row['polls_a_s']:g} | {row['host_cores']:.2f} | "
+              f"{row['turn_end_s_median']:.2f} | {row['turn_end_s_max']:.2f} |")
     print("\n" + json.dumps(rows))
 
 
