@@ -53,7 +53,6 @@ def expert_step(factory: type, rows: list[dict], count: int, batch: int, concurr
                 steps: int = 3) -> dict:
     """``steps`` steps of ``count`` rollouts, ``batch`` environments playing at once; the median step after the
     first: its env seconds, its wait for episodes to start, and the mean reward."""
-    rows = [{k: v for k, v in row.items() if k != "environment"} for row in rows]
     environments = [factory() for _ in range(batch)]
     timed = []
     try:

@@ -58,8 +58,7 @@ def open_episodes_cost(poll_s: float, episodes: int, processes: int, seconds: fl
                             processes=processes) as env:
             environments = [env.factory() for _ in range(episodes)]
             try:
-                rows = [{k: v for k, v in row.items() if k != "environment"} for row in env.dataset.to_list()]
-                for environment, row in zip(environments, rows):
+                for environment, row in zip(environments, env.dataset):  # reset takes the row's every column
                     environment.reset(**row)
                 for environment in environments:
                     player_of(environment).episode.started.result(300)
