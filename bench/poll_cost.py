@@ -5,8 +5,9 @@
 
 For each interval, the GridSim bundle with its tasks' interval rewritten is served as ``AgentEnv.local`` serves it;
 ``episodes`` episodes are reset and started, then left open ``--seconds`` with no tool call (a model generating),
-while the CPU time of the env host (the server processes and the env processes they started) is counted. Then every
-episode ends at once as the expert would, each timed from its ``end_turn`` to its reward.
+while the CPU time of the env host is counted: the server processes, and the env processes they started (each open
+episode's, and those their pools keep ready). Then every episode ends at once as the expert would, each timed from its
+``end_turn`` to its reward. An interval longer than ``--seconds`` leaves what open episodes cost besides the polls.
 """
 
 from __future__ import annotations
@@ -63,11 +64,13 @@ def open_episodes_cost(poll_s: float, episodes: int, processes: int, seconds: fl
                 for environment in environments:
                     player_of(environment).episode.started.result(300)
                 days = [json.loads(environment.get_prices()) for environment in environments]
+                servers = psutil.Process().children()
                 host = psutil.Process().children(recursive=True)  # now with each episode's env process
                 before, start = cpu_seconds(host), time.perf_counter()
                 time.sleep(seconds)
                 wall, after = time.perf_counter() - start, cpu_seconds(host)
-                host_s = sum(after[pid] - before[pid] for pid in after.keys() & before.keys())
+                used = {pid: after[pid] - before[pid] for pid in after.keys() & before.keys()}
+                servers_s = sum(used.get(server.pid, 0.0) for server in servers)
 
                 def end(pair):
                     environment, prices = pair
@@ -82,7 +85,8 @@ def open_episodes_cost(poll_s: float, episodes: int, processes: int, seconds: fl
             finally:
                 for environment in environments:
                     environment.__exit__()
-    return {"poll_s": poll_s, "host_cores": host_s / wall, "polls_a_s": episodes / poll_s,
+    return {"poll_s": poll_s, "host_cores": sum(used.values()) / wall, "server_cores": servers_s / wall,
+            "env_processes": len(host) - len(servers), "polls_a_s": episodes / poll_s,
             "turn_end_s_median": statistics.median(ends), "turn_end_s_max": max(ends)}
 
 
@@ -96,10 +100,11 @@ def main() -> None:
     rows = [open_episodes_cost(poll_s, args.episodes, args.server_processes, args.seconds) for poll_s in args.poll_s]
     print(f"{args.episodes} open episodes, {args.server_processes} server processes, {psutil.cpu_count()} cores, "
           f"{args.seconds:g} s open\n")
-    print("| poll interval (s) | polls a second | env host's cores | turn's end, median (s) | slowest (s) |\n"
-          "|---|---|---|---|---|")
+    print("| poll interval (s) | polls a second | env host's cores | the servers' | env processes | "
+          "turn's end, median (s) | slowest (s) |\n|---|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['poll_s']:g} | {row['polls_a_s']:g} | {row['host_cores']:.2f} | "
+        print(f"| {row['poll_s']:g} | {row['polls_a_s']:g} | {row['host_cores']:.2f} | {row['server_cores']:.2f} | "
+              f"{row['env_processes']} | "
               f"{row['turn_end_s_median']:.2f} | {row['turn_end_s_max']:.2f} |")
     print("\n" + json.dumps(rows))
 
