@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from .conftest import free_port
@@ -135,9 +136,19 @@ def test_local_server_processes_share_the_sessions_and_leave_nothing_behind(tmp_
         assert [play.get_reward() for play in later] == [1.0] * 2
         with pytest.raises(CapacityError, match="max_concurrent_envs"):  # each server holds 4 / 2 sessions
             env.factory().reset(**rows[0])
+        # Each server keeps as many env processes ready as it holds sessions, not AGENTENV_NB_ENV_POOL's 8: its 2 in
+        # use and 2 ready at most.
+        assert [len(env_processes_of(server.pid)) <= 4 for server in servers] == [True, True]
     assert [server.returncode for server in servers] == [0, 0]  # shut down, not killed
     left = [path.name for server in servers for path in work_dir().glob(f"agentenv-nb-*-{server.pid}-*")]
     assert not left, left
+
+
+def env_processes_of(server: int) -> list[psutil.Process]:
+    """The env processes the server process ``server`` has running: its forking parents' live children."""
+    parents = [child for child in psutil.Process(server).children() if "fork" in child.cmdline()]
+    return [process for parent in parents for process in parent.children()
+            if process.status() != psutil.STATUS_ZOMBIE]
 
 
 def test_the_default_server_processes_fit_the_cores_this_process_may_use():

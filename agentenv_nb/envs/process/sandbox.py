@@ -16,8 +16,9 @@ server stops (a server on a thread: ``release``); ``pool`` keeps some started ah
 own /data, where a task's ``load_artifact`` stages its file for the env's data plane, and its own /tmp.
 
 Settings, from ``[sandbox.providers.process] config = {...}`` in ``.agentenv/config.toml`` or the environment
-(``agentenv_nb.settings``): ``pool`` (AGENTENV_NB_ENV_POOL), the processes kept ready per env, forked from a parent
-that imported its libraries, 0 to start each as a fresh interpreter when asked; ``pip_install``
+(``agentenv_nb.settings``): ``pool`` (AGENTENV_NB_ENV_POOL, which a server process caps at the sessions it holds), the
+processes kept ready per env, forked from a parent that imported its libraries, 0 to start each as a fresh interpreter
+when asked; ``pip_install``
 (AGENTENV_NB_PIP_INSTALL), to install missing requirements instead of refusing; ``start_timeout``
 (AGENTENV_NB_ENV_START_TIMEOUT); and AGENTENV_NB_WORK_DIR, where images and processes' folders go.
 """

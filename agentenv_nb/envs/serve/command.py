@@ -105,6 +105,9 @@ def main(argv: list[str] | None = None) -> None:
         use_private_store()  # first: agent_env reads where its store is as it loads
         resolved = (Resolved.from_json(args.resolved) if args.resolved else
                     resolve(args.bundle, args.sandbox, args.max_concurrent_envs, args.bundle_dir))
+        # Its sessions hold one process of an env each: more kept ready than it holds sessions would only idle.
+        os.environ[settings.SETTINGS["env_pool"].variable] = str(
+            min(settings.get("env_pool"), resolved.max_concurrent_envs))
         from agentenv_nb.envs.app import build
 
         reward = args.reward
