@@ -1,6 +1,6 @@
 """What the tests share: bundles written on the fly (tasks of agent turns and response verifiers, which deploy no
-env), two of them ready made (``quiz``, served, and ``answers``), the tiny model, TRL's GRPOTrainer on CPU, and a free
-loopback port."""
+env), two of them ready made (``quiz``, served, and ``answers``), the tiny model, TRL's GRPOTrainer on CPU, a free
+loopback port, and the env processes a process started."""
 
 import importlib.metadata
 import json
@@ -8,6 +8,7 @@ import logging
 import os
 import re
 
+import psutil
 import pytest
 
 from agentenv_nb.envs.process.pool import free_port  # noqa: F401  a loopback port free now, for a server a test starts
@@ -139,6 +140,23 @@ def grpo(model_path, out, *, dataset, factory, steps, eval_dataset=None, reward_
                        train_dataset=dataset, eval_dataset=eval_dataset, environment_factory=factory,
                        reward_funcs=list(reward_funcs), callbacks=list(callbacks),
                        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+
+
+def env_processes(root: psutil.Process | None = None, forking: bool = False) -> list[psutil.Process]:
+    """The env processes ``root`` (default: this test's process) started, as fresh interpreters or forked from the
+    parents it started; ``forking``, those parents too."""
+    root = root or psutil.Process()
+    found = []
+    for child in root.children(recursive=True):
+        try:
+            command = child.cmdline()
+            forker = child.ppid() == root.pid and "fork" in command
+            if any(part.endswith("zygote.py") for part in command) and (forking or not forker) and (
+                    child.status() != psutil.STATUS_ZOMBIE):
+                found.append(child)
+        except psutil.Error:  # one that ended as it was listed
+            continue
+    return found
 
 
 def warnings(caplog) -> str:

@@ -4,7 +4,6 @@ the preflight against it, and one GRPO step of the tiny model whose rollouts pla
 The server runs the envs with the ``process`` sandbox, as a notebook host without Docker or Modal would.
 """
 
-import contextlib
 import copy
 import json
 import math
@@ -19,7 +18,7 @@ import httpx
 import psutil
 import pytest
 
-from .conftest import free_port
+from .conftest import env_processes, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -139,22 +138,11 @@ def test_local_server_processes_share_the_sessions_and_leave_nothing_behind(tmp_
             env.factory().reset(**rows[0])
         # Each server keeps as many env processes ready as it holds sessions, not AGENTENV_NB_ENV_POOL's 8: its 2 in
         # use and 2 ready at most.
-        running = [len(env_processes_of(server.pid)) for server in servers]
+        running = [len(env_processes(psutil.Process(server.pid))) for server in servers]
         assert max(running) <= 4, running
     assert [server.returncode for server in servers] == [0, 0]  # shut down, not killed
     left = [path.name for server in servers for path in work_dir().glob(f"agentenv-nb-*-{server.pid}-*")]
     assert not left, left
-
-
-def env_processes_of(server: int) -> list[psutil.Process]:
-    """The env processes the server process ``server`` has running: its forking parents' live children."""
-    parents = [child for child in psutil.Process(server).children() if "fork" in child.cmdline()]
-    found = []
-    for process in (process for parent in parents for process in parent.children()):
-        with contextlib.suppress(psutil.NoSuchProcess):  # one killed since it was listed
-            if process.status() != psutil.STATUS_ZOMBIE:
-                found.append(process)
-    return found
 
 
 def test_the_default_server_processes_fit_the_cores_this_process_may_use():

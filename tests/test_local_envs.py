@@ -20,7 +20,7 @@ import pytest
 import uvicorn
 import websockets
 
-from .conftest import free_port
+from .conftest import env_processes, free_port
 
 from agentenv_nb.envs.process import pool as env_pool
 from agentenv_nb.envs import tls
@@ -333,20 +333,6 @@ def test_no_process_or_folder_outlives_its_episode(server):
 
 def env_folders(work: Path) -> list[Path]:
     return list(work.glob("agentenv-nb-env-*"))
-
-
-def env_processes(forking: bool = False) -> list[psutil.Process]:
-    """This test's env processes, started as fresh interpreters or forked; ``forking``, the forking parents too."""
-    found = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            command, forker = child.cmdline(), child.ppid() == os.getpid() and "fork" in child.cmdline()
-            if any(part.endswith("zygote.py") for part in command) and (forking or not forker) and (
-                    child.status() != psutil.STATUS_ZOMBIE):
-                found.append(child)
-        except psutil.Error:
-            continue
-    return found
 
 
 @pytest.mark.slow  # a thousand forks
