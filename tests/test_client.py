@@ -261,8 +261,18 @@ def test_toolsets_each_makes_a_class_per_toolset(tmp_path):
 def test_grpo_calls_gridsims_tools_evaluates_logs_scores_and_trains_lora(gridsim, tiny_model, tmp_path):
     """The random tiny model is taught to call a tool at decode time: ``sequence_bias`` makes a rollout that
     samples ``<tool_call>`` (half of them, about) write a whole submit_schedule call of an idle day, which
-    scores 0.2 where a rollout without it scores 0, so the groups' rewards differ and LoRA learns."""
-    from transformers import AutoTokenizer
+    scores 0.2 where a rollout without it scores 0, so the groups' rewards differ and LoRA learns. The eval's scores
+    and transcripts stay the eval's though the model is back in training mode when the rewards are read, as Unsloth's
+    GRPOTrainer leaves it after generating (its ``model.for_training`` there, evaluating or not)."""
+    from transformers import AutoTokenizer, TrainerCallback
+
+    def back_in_training_mode(completions, **kwargs):  # runs before the env's get_reward: scores nothing
+        trainer.model.train()
+        return [None] * len(completions)
+
+    class BackInEvalMode(TrainerCallback):  # after an eval batch, as the eval loop left it before the batch
+        def on_prediction_step(self, args, state, control, model=None, **kwargs):
+            model.eval()
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     gridsim.check(tokenizer)
@@ -271,8 +281,9 @@ def test_grpo_calls_gridsims_tools_evaluates_logs_scores_and_trains_lora(gridsim
     ids = [*tokenizer.encode(call, add_special_tokens=False), tokenizer.eos_token_id]
     bias = [[ids[:1], 3.0]] + [[ids[:k], 50.0] for k in range(2, len(ids) + 1)]
     trainer = grpo(tiny_model, tmp_path, dataset=gridsim.dataset, eval_dataset=gridsim.dataset_for("eval"),
-                   factory=gridsim.factory, steps=1, callbacks=[gridsim.metrics], per_device_train_batch_size=4,
-                   num_generations=4, max_completion_length=len(ids) + 30, max_tool_calling_iterations=1,
+                   factory=gridsim.factory, steps=1, callbacks=[gridsim.metrics, BackInEvalMode()],
+                   reward_funcs=[back_in_training_mode], per_device_train_batch_size=4, num_generations=4,
+                   max_completion_length=len(ids) + 30, max_tool_calling_iterations=1,
                    generation_kwargs={"sequence_bias": bias}, eval_strategy="steps", eval_steps=1,
                    per_device_eval_batch_size=2, num_generations_eval=1)
     lora = {name: p.detach().clone() for name, p in trainer.model.named_parameters() if "lora_" in name}
@@ -283,4 +294,6 @@ def test_grpo_calls_gridsims_tools_evaluates_logs_scores_and_trains_lora(gridsim
     assert log["scores/gridsim-tiny/schedule/mean"] == pytest.approx(log["rewards/gridsim-tiny/mean"])
     [evaluated] = step_logs(trainer, "eval_rewards/gridsim-tiny/mean")
     assert evaluated["eval_scores/gridsim-tiny/unscored"] == 0.0
+    logged = [json.loads(line) for line in (tmp_path / "rollouts" / "step-00001.jsonl").read_text().splitlines()]
+    assert [rollout["task_id"].split("/")[-1].split("-")[0] for rollout in logged] == ["train"] * 4  # the step's only
     assert any(not p.equal(lora[name]) for name, p in trainer.model.named_parameters() if "lora_" in name)

@@ -37,13 +37,17 @@ class ScoreLog(TrainerCallback):
     each error that left a rollout unscored (a session closed idle, a turn out of time), which the run's health lines
     (``train.health``) name.
 
+    A rollout played inside a training step is a training one; any other (an evaluation's) is an eval one. The
+    model's ``training`` flag can't tell them apart: Unsloth's GRPOTrainer puts the model back in training mode after
+    it generates, before the rewards, evaluating or not.
+
     It writes into the log the callbacks after it see, and ``trainer.state.log_history``. transformers puts the
     ``report_to`` integrations before any callback passed in; ``agentenv_nb.train.fit`` moves this one first, so
     TensorBoard, trackio and W&B log the scores too."""
 
     def __init__(self):
         self._pending: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
-        self._model = None
+        self._in_step = False  # between the trainer's on_step_begin and on_step_end
         self._lock = threading.Lock()  # environments record from the threads that play them
         self.tool_failures: Counter[tuple[str, str]] = Counter()  # (tool, error): how often, the whole run
         self.unscored_errors: Counter[str] = Counter()  # why rollouts were left unscored: how often, the whole run
@@ -52,7 +56,7 @@ class ScoreLog(TrainerCallback):
     def record(self, environment: str, scores: dict[str, float] | None, rollout: dict | None = None) -> None:
         """One rollout's scores by step id, or None when it was left unscored; filed under the trainer's mode. A
         training rollout's transcript (``rollout``: task_id, messages, reward) goes to the step's rollouts file."""
-        mode = "eval" if self._model is not None and not self._model.training else "train"
+        mode = "train" if self._in_step else "eval"
         with self._lock:
             if rollout is not None and mode == "train":
                 self._rollouts.append(rollout)
@@ -77,11 +81,14 @@ class ScoreLog(TrainerCallback):
             self.tool_failures.clear()
             self.unscored_errors.clear()
 
-    def on_init_end(self, args, state, control, model=None, **kwargs):
-        self._model = model
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.discard()  # what was played before training (a greedy eval, say) is no step's and no eval's of it
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self._model = model
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._in_step = True
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._in_step = False
 
     def on_log(self, args, state, control, logs: dict[str, Any] | None = None, **kwargs):
         if logs is None:
