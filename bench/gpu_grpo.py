@@ -28,7 +28,7 @@ for ``kit-async`` the trainer's training steps), with peak GPU memory. A synchro
 printed in parts that add up to it, each with its share and, on a card in ``measure.CARDS`` (its memory bandwidth and
 dense 16-bit arithmetic, from NVIDIA's datasheets; no floor on another), the floor of the work it must do (``GB moved``
 or ``TFLOP``, ``floor s``) and its time over that (``x floor``): vLLM's engine steps (the bytes of vLLM's weights, each
-parameter at their precision, once an engine step, and of the 16-bit KV cache each written token attended to);
+parameter at their precision, once an engine step, and of the KV cache, 16-bit or fp8, each written token attended to);
 generation besides them and the sync (scheduling, sampling, detokenising, adding requests; without vLLM all of
 generate; floor 0); the weight sync into vLLM (Unsloth's LoRA load, and for 16-bit weights the fold of the LoRA into
 them and their restore; the LoRA tensors read and written, or the folded weights twice); env; the log-prob pass (the old
@@ -360,7 +360,8 @@ def parts(result: dict, params: int, kv_token_bytes: float) -> list[dict]:
     """A synchronous variant's steady step in parts that add up to it, each with its share and, on a card in
     ``measure.CARDS``, its floor and its ratio to it: the bytes it must move (``gb``) over the memory bandwidth, the
     FLOPs it must do (``tflop``) over the dense 16-bit peak, or 0; none for env and the rest. ``params``: the model's
-    parameters; ``kv_token_bytes``: a token's 16-bit KV cache (vLLM's)."""
+    parameters; ``kv_token_bytes``: a token's 16-bit KV cache (vLLM's), half that where the variant loaded an fp8 one
+    (``--load float8_kv_cache=true``)."""
     if result.get("steady_gen_rest_s") is None:
         return []
     steady = {key.removeprefix("steady_"): value or 0.0 for key, value in result.items() if key.startswith("steady_")}
@@ -370,6 +371,7 @@ def parts(result: dict, params: int, kv_token_bytes: float) -> list[dict]:
     # few, attention's, and gradient checkpointing's second forward, a choice, are left out)
     update = 6 if (result.get("model_kwargs") or {}).get("full_finetuning") else 4
     engine = steady["engine_steps"] * params * WEIGHT_BYTES.get(result.get("weights"), 2)
+    kv_token_bytes /= 2 if (result.get("model_kwargs") or {}).get("float8_kv_cache") else 1
     rows = [("vLLM's engine steps", "engine_s", engine + steady["kv_token_reads"] * kv_token_bytes, "bytes"),
             ("generation besides the engine steps and the sync", "gen_rest_s", 0.0, None),
             ("weight sync into vLLM", "sync_s", steady["sync_bytes"], "bytes"),
