@@ -1,7 +1,7 @@
 """The GPU path, on a CUDA GPU only: the random Qwen3-4B-shaped model loaded in 4-bit through Unsloth
 (``loading.load_model(path, "24gb")``), held to an L4's 24 GB, and one GRPO step through ``AgentEnv.local`` (GridSim,
-process sandbox) whose rollouts call the env's tools on the server. Skipped, without importing torch, where there is
-no NVIDIA driver, and where torch sees no CUDA GPU.
+process sandbox) whose rollouts call the env's tools on the server, then an eval whose rollout is filed as the eval's.
+Skipped, without importing torch, where there is no NVIDIA driver, and where torch sees no CUDA GPU.
 
     pytest tests/gpu -o addopts=    # on a GPU machine without nbval; AGENTENV_NB_GPU_MODEL: a model already built
                                     # (bench/gpu_session.sh runs tests/gpu on the GPU machine)
@@ -90,8 +90,8 @@ def test_4bit_grpo_step_calls_tools_through_agentenv(model_path, tmp_path):
         assert (getattr(model, "vllm_engine", None) is not None) == use_vllm, "fast_inference didn't pick the backend"
         config = presets.grpo_config(
             "24gb", output_dir=str(tmp_path / "grpo"), max_steps=1, per_device_train_batch_size=8,
-            gradient_accumulation_steps=1, max_completion_length=256, eval_strategy="no", eval_on_start=False,
-            **steering(tokenizer, use_vllm))
+            gradient_accumulation_steps=1, max_completion_length=256, eval_strategy="steps", eval_steps=1,
+            eval_on_start=False, per_device_eval_batch_size=1, num_generations_eval=1, **steering(tokenizer, use_vllm))
         callers = []
 
         class Recorded(env.factory):  # the threads the tools run on: the kit's rounds, in Unsloth's compiled trainer
@@ -101,7 +101,8 @@ def test_4bit_grpo_step_calls_tools_through_agentenv(model_path, tmp_path):
                 return super().get_prices(**arguments)
 
         trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=config, train_dataset=env.dataset,
-                              environment_factory=Recorded, reward_funcs=env.reward_funcs, callbacks=[env.metrics])
+                              eval_dataset=env.dataset_for("eval"), environment_factory=Recorded,
+                              reward_funcs=env.reward_funcs, callbacks=[env.metrics])
         trainer.train()
 
     logs = [log for log in trainer.state.log_history if "tools/call_frequency" in log]
@@ -112,6 +113,11 @@ def test_4bit_grpo_step_calls_tools_through_agentenv(model_path, tmp_path):
         f"tool calls ran outside agentenv_nb.train.grpo.trainer's rounds (threads {sorted(set(callers))}): Unsloth's "
         "trainer no longer calls _tool_call_loop with the batch's _sync_tool_dicts")
     assert logs[0][f"scores/{env.name}/unscored"] == 0, "an episode ended unscored"
+    # Unsloth's trainer puts the model back in training mode after it generates, the eval's batches too: its rollout
+    # is still the eval's, not the step's
+    [evaluated] = [log for log in trainer.state.log_history if "eval_reward" in log]
+    assert f"eval_scores/{env.name}/unscored" in evaluated, "the eval's scores were filed as a training step's"
+    assert len((tmp_path / "grpo" / "rollouts" / "step-00001.jsonl").read_text().splitlines()) == 8
     assert torch.cuda.max_memory_reserved() <= 24e9
     if use_vllm:  # vLLM sized to the 24 GB, not to half of the card
         assert presets.model_kwargs("24gb", model_path)["gpu_memory_utilization"] * torch.cuda.mem_get_info()[1] <= 12e9
