@@ -22,6 +22,7 @@
 # - beside them, tests/gpu/test_async_grpo.py on the random Qwen3-4B shape (GPU_ASYNC_TEST=0: not run), and
 #   tests/gpu/test_vllm_play.py, play on vLLM (from 4-bit weights, then from 16-bit with the LoRA folded in) against
 #   transformers' generate with SmolLM2 (GPU_PLAY_TEST=0: not run);
+# - with GPU_PATH_TEST=1, beside them, tests/gpu/test_gpu_path.py: a 4-bit GRPO step and an eval on that shape;
 # - with GPU_SEEDS="1 2", each preset's notebooks on a bundle of each seed at once (WORK/PRESET, WORK/PRESET-seed2);
 # - with GPU_TRIAL=1, beside them, bench/gpu_trial.py on the Qwen3-4B shape held to 24 GB (WORK/trial.json), each of
 #   its runs (GPU_TRIAL_RUNS, "fits planted" unless set) stopped after GPU_TRIAL_TIMEOUT_S (600 unless set);
@@ -69,9 +70,10 @@ print({n: version(n) for n in ("torch", "vllm", "vllm-bnb-plugin", "unsloth", "t
                                "triton", "nvidia-nccl-cu13", "nvidia-cudnn-cu13")})
 print(torch.cuda.get_device_name(), "cuDNN", torch.backends.cudnn.version())
 EOF
-q4b() {  # the random Qwen3-4B shape, built on the GPU
-  python3 -c "import sys; from agentenv_nb.train.model.tiny import build_random_qwen3_4b as b; b(sys.argv[1], device='cuda')" \
-    "$WORK/q4b" > "$WORK/q4b.log" 2>&1
+q4b() {  # the random Qwen3-4B shape, built on the GPU once, whichever run asks first
+  (flock 9; [[ -f $WORK/q4b/config.json ]] || python3 -c \
+    "import sys; from agentenv_nb.train.model.tiny import build_random_qwen3_4b as b; b(sys.argv[1], device='cuda')" \
+    "$WORK/q4b" > "$WORK/q4b.log" 2>&1) 9> "$WORK/q4b.lock"
 }
 if [[ ${GPU_SESSION:-} == scale ]]; then  # one GPU, then two, in one table; each launch stopped in its half of the time
   q4b || { say "q4b: failed"; exit 1; }
@@ -138,6 +140,11 @@ async_test() {
       -q -p no:cacheprovider > "$WORK/async_test.log" 2>&1
   say "async test: exit $?"
 }
+path_test() {
+  q4b && AGENTENV_NB_GPU_MODEL=$WORK/q4b timeout -k 10 "$(left)" python3 -m pytest tests/gpu/test_gpu_path.py \
+      -o addopts= -q -p no:cacheprovider > "$WORK/path_test.log" 2>&1
+  say "path test: exit $?"
+}
 play_test() {  # one vLLM engine a process: from 4-bit weights ("24gb"), then from 16-bit ("16bit", the LoRA folded in)
   local preset
   for preset in 24gb 16bit; do
@@ -179,6 +186,7 @@ done
 [[ -n ${GPU_SFT_PROBES:-} ]] && { sft_probes & }
 [[ ${GPU_ASYNC_TEST:-1} == 1 ]] && { async_test & }
 [[ ${GPU_PLAY_TEST:-1} == 1 ]] && { play_test & }
+[[ ${GPU_PATH_TEST:-0} == 1 ]] && { path_test & }
 wait "${runs[@]}"
 say "notebooks done"
 wait  # the probes and the async and play tests, which would share the card
@@ -189,7 +197,7 @@ if [[ -n ${GPU_EXPERT_STEP:-} ]] && room "expert step"; then  # CPU work: first,
 fi
 grpo=${GPU_VARIANTS-bare,kit,kit-4bit}
 [[ -n $grpo || ${GPU_SFT_STEP:-0} == 1 ]] || { say done; exit; }
-[[ -f $WORK/q4b/config.json ]] || q4b
+q4b
 if [[ ${GPU_SFT_STEP:-0} == 1 ]] && room "sft step"; then
   OUT=$WORK timeout -k 10 $(($(left) - 20)) python3 bench/gpu_sft.py --model "$WORK/q4b" > "$WORK/sft_step.log" 2>&1
   say "sft step: exit $?"
