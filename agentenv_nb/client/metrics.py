@@ -54,8 +54,9 @@ class ScoreLog(TrainerCallback):
         self._rollouts: list[dict] = []  # the training rollouts since the last log
 
     def record(self, environment: str, scores: dict[str, float] | None, rollout: dict | None = None) -> None:
-        """One rollout's scores by step id, or None when it was left unscored; filed under the trainer's mode. A
-        training rollout's transcript (``rollout``: task_id, messages, reward) goes to the step's rollouts file."""
+        """One rollout's scores by step id, or None when it was left unscored; a training step's while one is under
+        way, else an eval's. A training rollout's transcript (``rollout``: task_id, messages, reward) goes to the
+        step's rollouts file."""
         mode = "train" if self._in_step else "eval"
         with self._lock:
             if rollout is not None and mode == "train":
