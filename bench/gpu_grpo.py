@@ -366,12 +366,13 @@ def parts(result: dict, params: int, kv_token_bytes: float) -> list[dict]:
         return []
     steady = {key.removeprefix("steady_"): value or 0.0 for key, value in result.items() if key.startswith("steady_")}
     peak = dict(zip(("bytes", "flops"), CARDS.get(result.get("device"), (None, None))))
+    loaded = result.get("model_kwargs") or {}
     # The update's FLOPs a parameter and token: 6 in full (forward 2, backward 4); with LoRA on a frozen base 4, the
     # forward and the activations' gradients, the base having no gradients of its own (LoRA's 6 a parameter of its
     # few, attention's, and gradient checkpointing's second forward, a choice, are left out)
-    update = 6 if (result.get("model_kwargs") or {}).get("full_finetuning") else 4
+    update = 6 if loaded.get("full_finetuning") else 4
     engine = steady["engine_steps"] * params * WEIGHT_BYTES.get(result.get("weights"), 2)
-    kv_token_bytes /= 2 if (result.get("model_kwargs") or {}).get("float8_kv_cache") else 1
+    kv_token_bytes /= 2 if loaded.get("float8_kv_cache") else 1
     rows = [("vLLM's engine steps", "engine_s", engine + steady["kv_token_reads"] * kv_token_bytes, "bytes"),
             ("generation besides the engine steps and the sync", "gen_rest_s", 0.0, None),
             ("weight sync into vLLM", "sync_s", steady["sync_bytes"], "bytes"),

@@ -189,7 +189,7 @@ done
 [[ ${GPU_PATH_TEST:-0} == 1 ]] && { path_test & }
 wait "${runs[@]}"
 say "notebooks done"
-wait  # the probes and the async and play tests, which would share the card
+wait  # the probes and the async, play and path tests, which would share the card
 if [[ -n ${GPU_EXPERT_STEP:-} ]] && room "expert step"; then  # CPU work: first, while nothing else runs on the host
   timeout -k 10 $(($(left) - 20)) python3 bench/expert_step.py --rollouts 32 --batch 32 --server-processes 8 --steps 4 \
     --step-s "$GPU_EXPERT_STEP" > "$WORK/expert_step.log" 2>&1

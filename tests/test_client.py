@@ -21,6 +21,7 @@ from .conftest import grpo, one_turn_task, step_logs, turn, verifier, warnings, 
 from agentenv_nb import AgentEnv
 from agentenv_nb.client.checks import CheckFailed
 from agentenv_nb.client.environment import read_plain_text_replies
+from agentenv_nb.notebook.transcript import logged_rollouts
 from agentenv_nb.stack import import_unsloth
 from agentenv_nb.tasks.gridsim import battery
 
@@ -294,6 +295,6 @@ def test_grpo_calls_gridsims_tools_evaluates_logs_scores_and_trains_lora(gridsim
     assert log["scores/gridsim-tiny/schedule/mean"] == pytest.approx(log["rewards/gridsim-tiny/mean"])
     [evaluated] = step_logs(trainer, "eval_rewards/gridsim-tiny/mean")
     assert evaluated["eval_scores/gridsim-tiny/unscored"] == 0.0
-    logged = [json.loads(line) for line in (tmp_path / "rollouts" / "step-00001.jsonl").read_text().splitlines()]
+    _, logged = logged_rollouts(tmp_path, step=1)
     assert [rollout["task_id"].split("/")[-1].split("-")[0] for rollout in logged] == ["train"] * 4  # the step's only
     assert any(not p.equal(lora[name]) for name, p in trainer.model.named_parameters() if "lora_" in name)

@@ -72,6 +72,7 @@ def test_4bit_grpo_step_calls_tools_through_agentenv(model_path, tmp_path):
 
     from agentenv_nb import AgentEnv
     from agentenv_nb.notebook.preflight import check_gpu
+    from agentenv_nb.notebook.transcript import logged_rollouts
     from agentenv_nb.train import presets
     from agentenv_nb.train.model import loading
     from agentenv_nb.train.grpo.trainer import GRPOTrainer
@@ -117,7 +118,7 @@ def test_4bit_grpo_step_calls_tools_through_agentenv(model_path, tmp_path):
     # is still the eval's, not the step's
     [evaluated] = [log for log in trainer.state.log_history if "eval_reward" in log]
     assert f"eval_scores/{env.name}/unscored" in evaluated, "the eval's scores were filed as a training step's"
-    assert len((tmp_path / "grpo" / "rollouts" / "step-00001.jsonl").read_text().splitlines()) == 8
+    assert len(logged_rollouts(tmp_path / "grpo", step=1)[1]) == 8, "the step's rollouts file holds others too"
     assert torch.cuda.max_memory_reserved() <= 24e9
     if use_vllm:  # vLLM sized to the 24 GB, not to half of the card
         assert presets.model_kwargs("24gb", model_path)["gpu_memory_utilization"] * torch.cuda.mem_get_info()[1] <= 12e9
