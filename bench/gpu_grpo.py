@@ -9,6 +9,8 @@ Usage::
     python bench/gpu_grpo.py --model /tmp/q4b --variants kit,bare --no-vllm --tag _novllm   # transformers' generate
     python bench/gpu_grpo.py --smoke                           # CPU plumbing: tiny model, "cpu-tiny", 2 steps
     python bench/gpu_grpo.py --model /tmp/q4b --variants bare --set steps_per_generation=1 --memory-history 4000000
+    python bench/gpu_grpo.py --model /tmp/q4b --variants kit --preset-set gradient_checkpointing=true --tag _gc
+    python bench/gpu_grpo.py --model /tmp/q4b --variants kit --environ UNSLOTH_VLLM_STANDBY=1 --tag _standby
 
 Each variant runs in a process of its own (its own model and vLLM engine, its own peak memory); one that fails or passes
 ``--budget-s`` (plus ``--setup-s`` to load) is recorded with its exact error and the others still run. Variants, with
@@ -173,7 +175,7 @@ def variant_preset(args):
     """The preset this process's variant trains with: ``--preset`` with vLLM's weights as the variant says, or
     without vLLM (``--no-vllm``)."""
     from agentenv_nb.train import presets
-    preset = presets.named(args.preset)
+    preset = dataclasses.replace(presets.named(args.preset), **settings(args.preset_set))
     return dataclasses.replace(preset, vllm_weights=WEIGHTS[args.variant] or preset.vllm_weights,
                                vllm=preset.vllm and args.vllm)
 
@@ -490,6 +492,11 @@ def parse(argv=None):
                         help="generate with transformers' generate, as a preset does where vLLM doesn't import")
     parser.add_argument("--load", action="append", default=[], metavar="KEY=VALUE",
                         help="a from_pretrained argument over the preset's, VALUE as JSON (e.g. max_num_seqs=64)")
+    parser.add_argument("--preset-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a field of the preset over its own for every variant but trl, VALUE as JSON (else a "
+                        "string), e.g. gradient_checkpointing=true or vllm_share_16bit=0.6")
+    parser.add_argument("--environ", action="append", default=[], metavar="KEY=VALUE",
+                        help="an environment variable of every variant's process, e.g. UNSLOTH_VLLM_STANDBY=1")
     parser.add_argument("--poll-s", type=float, metavar="SECONDS",
                         help="the bundle's prompt_agent poll_interval_seconds (default: GridSim's own)")
     parser.add_argument("--cpus", metavar="LIST",
@@ -504,6 +511,11 @@ def parse(argv=None):
     args.variants = args.variants.split(",")
     if not set(args.variants) <= set(VARIANTS):
         parser.error(f"--variants takes some of {', '.join(VARIANTS)}")
+    from agentenv_nb.train.presets import Preset
+    fields = {field.name for field in dataclasses.fields(Preset)} - {"name"}
+    if unknown := sorted(set(settings(args.preset_set)) - fields):
+        parser.error(f"--preset-set: {', '.join(unknown)} is not a field of the preset; see "
+                     "agentenv_nb/train/presets/recipes.py")
     if args.smoke:
         args.preset, args.steps, args.cap_gb = "cpu-tiny", 2, None  # a steady step after the first
     elif not args.model:
@@ -538,6 +550,7 @@ def main(argv=None) -> dict | None:
             set_poll_interval(args.bundle, args.poll_s)
         if args.cpus:  # inherited by the variants' processes and their env servers
             os.sched_setaffinity(0, {int(cpu) for cpu in args.cpus.split(",")})
+        os.environ.update({key: value for key, _, value in (pair.partition("=") for pair in args.environ)})
     args.overrides = {"output_dir": str(Path(args.work) / f"grpo-{args.variant}"), "max_steps": args.steps,
                       "eval_strategy": "no", "eval_on_start": False, **settings(args.set)}  # every variant's changes
     if args.variant:
@@ -551,7 +564,8 @@ def main(argv=None) -> dict | None:
     versions = {m: importlib.metadata.version(m) for m in ("torch", "transformers", "trl", "unsloth", "vllm", "torchao")
                 if importlib.util.find_spec(m)}
     report = {"preset": args.preset, "cap_gb": args.cap_gb, "steps": args.steps, "smoke": args.smoke, "device": "cpu",
-              "settings": settings(args.set), "load": args.load, "budget_s": args.budget_s,
+              "settings": settings(args.set), "load": args.load, "preset_set": settings(args.preset_set),
+              "environ": args.environ, "budget_s": args.budget_s,
               "poll_interval_s": args.poll_s, "cpus": sorted(os.sched_getaffinity(0)),
               "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "versions": versions, "results": []}
     name = f"grpo_{args.preset}{'' if args.cap_gb else '_nocap'}{args.tag}.json"
