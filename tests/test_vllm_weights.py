@@ -55,8 +55,11 @@ def test_the_gpu_a_run_needs_follows_the_weights_named_for_vllm(monkeypatch):
 
 
 def _a_card(monkeypatch, total: float, capability: tuple[int, int], free: float | None = None) -> None:
-    """torch.cuda as a card of ``total`` bytes and compute ``capability`` would show it (no GPU here); nothing held."""
+    """torch.cuda as a card of ``total`` bytes and compute ``capability`` would show it (no GPU here); nothing held.
+    Qwen3's model code is imported first: importing it under the fake card, torchao asks triton for the card's
+    properties, which no fake gives, so a test run alone would fail there."""
     import torch
+    import transformers.models.qwen3.modeling_qwen3  # noqa: F401
 
     for name, fake in {"is_available": lambda: True, "current_device": lambda: 0,
                        "mem_get_info": lambda *_: (total if free is None else free, total),
