@@ -11,6 +11,7 @@ Usage::
     python bench/gpu_grpo.py --model /tmp/q4b --variants bare --set steps_per_generation=1 --memory-history 4000000
     python bench/gpu_grpo.py --model /tmp/q4b --variants kit --preset-set gradient_checkpointing=true --tag _gc
     python bench/gpu_grpo.py --model /tmp/q4b --variants kit --environ UNSLOTH_VLLM_STANDBY=1 --tag _standby
+    python bench/gpu_grpo.py --model /tmp/q4b --variants kit --steps 4 --budget-s 90 --profile-step 3 --tag _prof
 
 Each variant runs in a process of its own (its own model and vLLM engine, its own peak memory); one that fails or passes
 ``--budget-s`` (plus ``--setup-s`` to load) is recorded with its exact error and the others still run. Variants, with
@@ -501,6 +502,9 @@ def parse(argv=None):
                         help="the bundle's prompt_agent poll_interval_seconds (default: GridSim's own)")
     parser.add_argument("--cpus", metavar="LIST",
                         help="run on these CPU cores only, e.g. 0,1 as on a notebook host of 2 cores")
+    parser.add_argument("--profile-step", type=int, metavar="N",
+                        help="torch.profiler over optimizer step N (2 or later), left out of the steady step: its "
+                        "operators and kernels by GPU time in $OUT/profile_<variant><tag>.txt and .json")
     parser.add_argument("--tag", default="", help="appended to the JSON report's name")
     parser.add_argument("--smoke", action="store_true", help="CPU plumbing: tiny model, cpu-tiny, 2 steps")
     parser.add_argument("--fake-oom", choices=VARIANTS, help="raise an OOM after that variant's first step")

@@ -126,9 +126,11 @@ class StepTimer(TrainerCallback):
     ``setup``, the time and peak memory before step 1. Where ``prepare`` times the trainer's input preparation (a
     synchronous GRPO step), the step's parts too (``PARTS``) and what the clocks counted. Stops after the step past
     ``budget_s`` of steady steps, counted from the first step's end (the first compiles, so a budget it alone would
-    pass would leave no steady step); ``report`` gets steps."""
+    pass would leave no steady step); ``report`` gets steps. With ``profile_step``, torch.profiler records that step
+    (its own overhead making it no steady step) and writes its operators and kernels by time to ``profile_path``."""
 
-    def __init__(self, budget_s: float | None = None, fake_oom_step: int | None = None, report=None):
+    def __init__(self, budget_s: float | None = None, fake_oom_step: int | None = None, report=None,
+                 profile_step: int | None = None, profile_path: Path | None = None):
         self.gen, self.env, self.steps, self.setup, self._start = Clock(), Clock(), [], {}, time.perf_counter()
         self.update = Clock()  # timed only where generation overlaps the update (kit-async): its training steps
         # vLLM's engine steps inside generation (the synchronous variants): what generation spends in vLLM's forward
@@ -139,6 +141,7 @@ class StepTimer(TrainerCallback):
         # pass; the rest of the step is the update), its log-prob pass and its weight sync into vLLM (inside generation)
         self.prepare, self.logps, self.sync = Clock(), Clock(), Clock()
         self.budget_s, self.fake_oom_step, self.report = budget_s, fake_oom_step, report
+        self.profile_step, self.profile_path, self._profiler = profile_step, profile_path, None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.setup = {"setup_s": time.perf_counter() - self._start, **{f"setup_{k}": v for k, v in peaks().items()}}
@@ -155,12 +158,20 @@ class StepTimer(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         free_memory(collect=False)
         self.gen.peak_gib = None
+        if self.profile_step == state.global_step + 1:
+            activities = [torch.profiler.ProfilerActivity.CPU, *([torch.profiler.ProfilerActivity.CUDA] if CUDA else [])]
+            self._profiler = torch.profiler.profile(activities=activities)
+            self._profiler.start()
 
     def on_step_end(self, args, state, control, **kwargs):
         # A step runs from the last one's end: the trainer fetches its batch before on_step_begin, and the async
         # trainer's batch is its rollouts, which it may wait for (TRL's perf/rollout_wait_s)
         if CUDA:
             torch.cuda.synchronize()
+        if profiled := self._profiler is not None:
+            self._profiler.stop()
+            write_profile(self._profiler, self.profile_path)
+            self._profiler = None
         now = self._clocks()
         took = {key: value - self._begin.get(key, 0) for key, value in now.items()}
         self._begin = now
@@ -170,7 +181,7 @@ class StepTimer(TrainerCallback):
                            "update_s": took["update_s"] if self.update.calls else step_s - gen - env,
                            **({"engine_s": engine, "engine_steps": engine_steps,
                                "engine_ms": 1e3 * engine / max(engine_steps, 1)} if engine_steps else {}),
-                           "env_pct": 100 * env / step_s,
+                           "env_pct": 100 * env / step_s, **({"profiled": True} if profiled else {}),
                            "gen_peak_alloc_gib": self.gen.peak_gib, **peaks()})
         if self.prepare.calls:  # the sync lies inside generation; the rest of the preparation: rewards, tokenising
             self.steps[-1].update({key: took[key] for key in PARTS if key in took},
@@ -254,7 +265,8 @@ def run_variant(name: str, run, args, report=None) -> dict:
     device_peak().reset()
     result = {"variant": name, "status": "ok", "start_alloc_gib": torch.cuda.memory_allocated() / GIB if CUDA else None}
     timer = StepTimer(args.budget_s, 1 if args.fake_oom == name else None,
-                      report and (lambda steps: report({**result, "steps": steps})))
+                      report and (lambda steps: report({**result, "steps": steps})),
+                      getattr(args, "profile_step", None), out_dir() / f"profile_{name}{args.tag}")
     start = time.perf_counter()
     try:
         run(args, timer, result)
@@ -281,8 +293,21 @@ def run_variant(name: str, run, args, report=None) -> dict:
 
 
 def steady_steps(steps: list[dict]) -> list[dict]:
-    """The steps after the first, whose time is mostly compiling."""
-    return steps[1:]
+    """The steps after the first, whose time is mostly compiling, but a profiled one."""
+    return [step for step in steps[1:] if not step.get("profiled")]
+
+
+def write_profile(profiler, path: Path, rows: int = 60) -> None:
+    """A profiled step's operators and kernels by their own time on the GPU (on a CPU, the CPU's), most first: a
+    table in ``path``.txt, and the first ``rows`` as JSON in ``path``.json (times in seconds)."""
+    averages = profiler.key_averages()
+    own = "self_device_time_total" if CUDA else "self_cpu_time_total"
+    path.with_suffix(".txt").write_text(averages.table(sort_by=own, row_limit=rows, max_name_column_width=90))
+    ranked = sorted(averages, key=lambda average: getattr(average, own), reverse=True)[:rows]
+    path.with_suffix(".json").write_text(json.dumps([
+        {"name": average.key, "calls": average.count, "self_s": getattr(average, own) / 1e6,
+         "total_s": (average.device_time_total if CUDA else average.cpu_time_total) / 1e6,
+         "cpu_self_s": average.self_cpu_time_total / 1e6} for average in ranked], indent=1))
 
 
 def summary(steps: list[dict], env_tools_s: float | None = None, concurrent_s: float | None = None) -> dict:
