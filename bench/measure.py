@@ -159,8 +159,8 @@ class StepTimer(TrainerCallback):
         free_memory(collect=False)
         self.gen.peak_gib = None
         if self.profile_step == state.global_step + 1:
-            activities = [torch.profiler.ProfilerActivity.CPU, *([torch.profiler.ProfilerActivity.CUDA] if CUDA else [])]
-            self._profiler = torch.profiler.profile(activities=activities)
+            activity = torch.profiler.ProfilerActivity
+            self._profiler = torch.profiler.profile(activities=[activity.CPU, *([activity.CUDA] if CUDA else [])])
             self._profiler.start()
 
     def on_step_end(self, args, state, control, **kwargs):
