@@ -34,6 +34,13 @@ def run(command: list, tmp_path, timeout: float = 600, **environ: str) -> subpro
     return subprocess.run([str(part) for part in command], capture_output=True, text=True, env=env, timeout=timeout)
 
 
+def failure(done: subprocess.CompletedProcess) -> str:
+    """What a failed command wrote: the lines naming an error, every rank's (under torchrun, the first rank to fail
+    says why, and the launcher's summary after it would push that out of a tail), then the tail."""
+    errors = [line for line in done.stderr.splitlines() if "Error" in line]
+    return "\n".join(errors[-20:]) + "\n...\n" + done.stderr[-1500:]
+
+
 @pytest.mark.slow  # the command in fresh interpreters
 def test_help_and_usage_errors_in_one_line(tmp_path):
     shown = run([*TRAIN, "--help"], tmp_path)
@@ -233,7 +240,7 @@ def test_two_processes_train_once_then_one_resumes(tmp_path):
                 "--max-new-tokens", "32", "--set", "max_completion_length=64"]  # the random model's text only costs time
 
     two = run([*TORCHRUN, *tiny_run, "--max-steps", "1"], tmp_path)
-    assert two.returncode == 0, two.stderr[-3000:]
+    assert two.returncode == 0, failure(two)
     live = [line for line in two.stdout.splitlines() if line.startswith("step ")]
     assert [line.split(" | ")[1].split()[0] for line in live if " | " in line] == ["eval", "loss", "eval", "run"]
     assert two.stdout.count("trained to step 1") == 2  # rank 0 alone speaks: fit's line and the command's
@@ -249,7 +256,7 @@ def test_two_processes_train_once_then_one_resumes(tmp_path):
     assert {"rewards/gridsim-tiny/mean", "tools/call_frequency", "scores/gridsim-tiny/unscored"} <= set(logs[1])
 
     one = run([*TRAIN, *tiny_run, "--max-steps", "2"], tmp_path)
-    assert one.returncode == 0, one.stderr[-3000:]
+    assert one.returncode == 0, failure(one)
     assert "resumed from checkpoint 1, step 1 of 2" in one.stdout
     assert "{'loss'" not in one.stdout + one.stderr  # transformers' console bar and its metrics: the library log's
     logs = json.loads((grpo / "trainer_state.json").read_text())["log_history"]
@@ -284,7 +291,7 @@ def test_the_sft_command_runs_notebook_02_s_steps_and_saves_the_warm_start_grpo_
     done = run([*TRAIN, "sft", "--bundle", bundle, "--run-dir", run_dir, "--model", "tiny", "--preset", "cpu-tiny",
                 "--sandbox", "process", "--server-processes", "0", "--eval-days", "2", "--max-new-tokens", "32",
                 "--distill-steps", "1", "--set", "max_steps=2"], tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, failure(done)
     assert "warm start from expert: GridSim's task adapter has an expert: 4 of its 4 episodes scored 1.0" in done.stdout
     assert "trained to step 2 of 2" in done.stdout  # --set over the preset's 200 steps
     assert "round 1: 8 train rollouts scored" in done.stdout  # DISTILL_ROUNDS' default: one round, 2 samples a task
