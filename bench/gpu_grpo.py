@@ -176,7 +176,7 @@ def variant_preset(args):
     """The preset this process's variant trains with: ``--preset`` with vLLM's weights as the variant says, or
     without vLLM (``--no-vllm``)."""
     from agentenv_nb.train import presets
-    preset = dataclasses.replace(presets.named(args.preset), **settings(args.preset_set))
+    preset = dataclasses.replace(presets.named(args.preset), **args.preset_set)
     return dataclasses.replace(preset, vllm_weights=WEIGHTS[args.variant] or preset.vllm_weights,
                                vllm=preset.vllm and args.vllm)
 
@@ -517,7 +517,8 @@ def parse(argv=None):
         parser.error(f"--variants takes some of {', '.join(VARIANTS)}")
     from agentenv_nb.train.presets import Preset
     fields = {field.name for field in dataclasses.fields(Preset)} - {"name"}
-    if unknown := sorted(set(settings(args.preset_set)) - fields):
+    args.preset_set = settings(args.preset_set)
+    if unknown := sorted(set(args.preset_set) - fields):
         parser.error(f"--preset-set: {', '.join(unknown)} is not a field of the preset; see "
                      "agentenv_nb/train/presets/recipes.py")
     if args.smoke:
@@ -568,7 +569,7 @@ def main(argv=None) -> dict | None:
     versions = {m: importlib.metadata.version(m) for m in ("torch", "transformers", "trl", "unsloth", "vllm", "torchao")
                 if importlib.util.find_spec(m)}
     report = {"preset": args.preset, "cap_gb": args.cap_gb, "steps": args.steps, "smoke": args.smoke, "device": "cpu",
-              "settings": settings(args.set), "load": args.load, "preset_set": settings(args.preset_set),
+              "settings": settings(args.set), "load": args.load, "preset_set": args.preset_set,
               "environ": args.environ, "budget_s": args.budget_s,
               "poll_interval_s": args.poll_s, "cpus": sorted(os.sched_getaffinity(0)),
               "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "versions": versions, "results": []}
