@@ -3,7 +3,7 @@ the async trainer, against bare Unsloth and plain TRL.
 
 Usage::
 
-    python bench/gpu_grpo.py --model /tmp/q4b                  # "24gb", capped at 24 GB, 3 steps a variant
+    python bench/gpu_grpo.py --model /tmp/q4b                  # "24gb", capped at 24 GB, 4 steps a variant
     python bench/gpu_grpo.py --model /tmp/q4b --variants bare,kit,kit-4bit,kit-fp8,kit-async --budget-s 150
     python bench/gpu_grpo.py --model /tmp/q4b --preset 16bit --no-cap --variants kit,bare
     python bench/gpu_grpo.py --model /tmp/q4b --variants kit,bare --no-vllm --tag _novllm   # transformers' generate
@@ -11,7 +11,7 @@ Usage::
     python bench/gpu_grpo.py --model /tmp/q4b --variants bare --set steps_per_generation=1 --memory-history 4000000
     python bench/gpu_grpo.py --model /tmp/q4b --variants kit --preset-set gradient_checkpointing=true --tag _gc
     python bench/gpu_grpo.py --model /tmp/q4b --variants kit --environ UNSLOTH_VLLM_STANDBY=1 --tag _standby
-    python bench/gpu_grpo.py --model /tmp/q4b --variants kit --steps 4 --budget-s 90 --profile-step 3 --tag _prof
+    python bench/gpu_grpo.py --model /tmp/q4b --variants kit --steps 5 --budget-s 90 --profile-step 3 --tag _prof
 
 Each variant runs in a process of its own (its own model and vLLM engine, its own peak memory); one that fails or passes
 ``--budget-s`` (plus ``--setup-s`` to load) is recorded with its exact error and the others still run. Variants, with
@@ -476,7 +476,7 @@ def parse(argv=None):
     parser.add_argument("--preset", default="24gb", choices=("24gb", "16bit", "cpu-tiny"),
                         help="the preset every variant trains with; the variant names vLLM's weights")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of " + ", ".join(VARIANTS))
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=4, help="the first a warm-up; the steady step their median after it")
     parser.add_argument("--budget-s", type=float, default=200.0,
                         help="a variant stops after the steady step that passes it (the first step not counted)")
     parser.add_argument("--setup-s", type=float, default=400.0,

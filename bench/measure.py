@@ -297,6 +297,13 @@ def steady_steps(steps: list[dict]) -> list[dict]:
     return [step for step in steps[1:] if not step.get("profiled")]
 
 
+def median_steps(steps: list[dict]) -> list[dict]:
+    """The steady step by its time: the middle one of the steady steps, or the middle two of an even count. Whole steps,
+    so their parts still add up; a second step still compiling a new shape's kernels (a cold cache) falls out of it."""
+    steady = sorted(steady_steps(steps), key=lambda step: step["step_s"])
+    return steady[(len(steady) - 1) // 2:len(steady) // 2 + 1]
+
+
 def write_profile(profiler, path: Path, rows: int = 60) -> None:
     """A profiled step's operators and kernels by their own time on the GPU (on a CPU, the CPU's), most first: a
     table in ``path``.txt, and the first ``rows`` as JSON in ``path``.json (times in seconds)."""
@@ -311,9 +318,9 @@ def write_profile(profiler, path: Path, rows: int = 60) -> None:
 
 
 def summary(steps: list[dict], env_tools_s: float | None = None, concurrent_s: float | None = None) -> dict:
-    """The steady step (the mean of the steps after the first, ``steady_*``; None after one step, whose time is
-    mostly compiling), and peaks over every step."""
-    steady = steady_steps(steps)
+    """The steady step (``steady_*``: the median step after the first, ``median_steps``; None after one step, whose
+    time is mostly compiling), and peaks over every step."""
+    steady = median_steps(steps)
 
     def mean(key):
         values = [step[key] for step in steady if step.get(key) is not None]
