@@ -476,7 +476,7 @@ def parse(argv=None):
     parser.add_argument("--preset", default="24gb", choices=("24gb", "16bit", "cpu-tiny"),
                         help="the preset every variant trains with; the variant names vLLM's weights")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of " + ", ".join(VARIANTS))
-    parser.add_argument("--steps", type=int, default=4, help="the first a warm-up; the steady step their median after it")
+    parser.add_argument("--steps", type=int, default=4, help="the first a warm-up; the steady step the median after it")
     parser.add_argument("--budget-s", type=float, default=200.0,
                         help="a variant stops after the steady step that passes it (the first step not counted)")
     parser.add_argument("--setup-s", type=float, default=400.0,
