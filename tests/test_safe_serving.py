@@ -91,13 +91,17 @@ class _ServeCommand:
         headers = {"Authorization": f"Bearer {token}"} if token else None
         while True:
             assert self.process.poll() is None, self.log.read_text()[-3000:]
-            try:
-                if httpx.get(f"{self.url}/health", headers=headers, timeout=2).status_code == 200:
+            try:  # its own process listening: the other lane of CI may serve on the port for a while first
+                if self.listening() and httpx.get(f"{self.url}/health", headers=headers, timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             assert time.monotonic() < deadline, self.log.read_text()[-3000:]
             time.sleep(0.3)
+
+    def listening(self) -> bool:
+        return any(c.laddr.port == self.port and c.status == psutil.CONN_LISTEN
+                   for c in psutil.Process(self.process.pid).net_connections("tcp"))
 
     def stop(self, how: signal.Signals) -> tuple[int, str]:
         self.process.send_signal(how)
