@@ -71,7 +71,7 @@ if VARIANT and (VARIANT != "trl" or not torch.cuda.is_available()) and __name__ 
 import expert_step  # noqa: E402  (bench/, beside this script)
 from poll_cost import set_poll_interval  # noqa: E402
 from measure import (CARDS, CUDA, GIB, StepTimer, cap_memory, markdown, markdown_rows, out_dir,  # noqa: E402
-                     run_variant, settings, steady_steps, summary, timed_class, write_report)
+                     median_steps, run_variant, settings, summary, timed_class, write_report)
 from agentenv_nb.tasks.gridsim import battery, write_bundle  # noqa: E402
 
 # vLLM's weights a variant loads (Preset.vllm_weights); None: the preset's own, "24gb"'s being the card's choice (the
@@ -342,9 +342,9 @@ def in_own_process(name: str, args) -> dict:
 
 
 def rollouts_per_s(result: dict) -> float | None:
-    """The rollouts trained on a second over the steady steps: as each step logged them where the trainer does (the
-    async trainer's), else the configured rollouts a step."""
-    steady = steady_steps(result["steps"])
+    """The rollouts trained on a second over the steady step (``measure.median_steps``, as the step's time): as each
+    step logged them where the trainer does (the async trainer's), else the configured rollouts a step."""
+    steady = median_steps(result["steps"])
     if not steady:
         return None
     seconds = sum(step["step_s"] for step in steady)

