@@ -163,8 +163,9 @@ LONG_DECIMAL = re.compile(r"(?<![\d.])\d+\.0*[1-9]\d{3,}(?![\d.])")
 
 
 def _live_image(page) -> str | None:
-    images = page.locator(LIVE_PLOT)
-    return images.first.get_attribute("src") if images.count() else None
+    # one read in the page: the widget redraws its image, and at train end leaves a plain one in its place, so an
+    # image counted a moment before may be gone when its src is asked for
+    return page.evaluate("(selector) => document.querySelector(selector)?.getAttribute('src') ?? null", LIVE_PLOT)
 
 
 def test_the_four_notebooks_as_a_person_sees_them(lab, page):
