@@ -571,9 +571,9 @@ def main(argv=None) -> dict | None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's TERM: the running variant is killed too
     versions = {m: importlib.metadata.version(m) for m in ("torch", "transformers", "trl", "unsloth", "vllm", "torchao")
                 if importlib.util.find_spec(m)}
-    report = {"preset": args.preset, "cap_gb": args.cap_gb, "hold_rest": args.hold_rest, "steps": args.steps, "smoke": args.smoke, "device": "cpu",
-              "settings": settings(args.set), "load": args.load, "preset_set": args.preset_set,
-              "environ": args.environ, "budget_s": args.budget_s,
+    report = {"preset": args.preset, "cap_gb": args.cap_gb, "hold_rest": args.hold_rest, "steps": args.steps,
+              "smoke": args.smoke, "device": "cpu", "settings": settings(args.set), "load": args.load,
+              "preset_set": args.preset_set, "environ": args.environ, "budget_s": args.budget_s,
               "poll_interval_s": args.poll_s, "cpus": sorted(os.sched_getaffinity(0)),
               "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "versions": versions, "results": []}
     name = f"grpo_{args.preset}{'' if args.cap_gb else '_nocap'}{args.tag}.json"
