@@ -1,4 +1,4 @@
-"""nbval runs the notebooks on the tiny bundle and model, on CPU, all four writing under one temporary run
+"""nbval runs the notebooks on the tiny bundle and model, on CPU, in the tiny run's fewer steps, all four writing under one temporary run
 folder, so each picks up what the one before it made. A cell that writes to stderr fails, as it fails the browser
 test: a user would see it in red under the cell."""
 
@@ -9,7 +9,7 @@ import pytest
 from agentenv_nb.notebook.params import use_tiny_defaults
 
 run_folder = tempfile.TemporaryDirectory(prefix="agentenv_nb-notebooks-")
-use_tiny_defaults(run_folder.name)
+use_tiny_defaults(run_folder.name, quick=True)
 
 
 def pytest_unconfigure(config):

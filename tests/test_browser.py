@@ -24,7 +24,7 @@ import pytest
 from .conftest import STARTED_WITH, free_port, stderr_lines
 from .desk import check_desk_run, desk_parameters, write_desk
 
-from agentenv_nb.notebook.params import TINY, use_tiny_defaults
+from agentenv_nb.notebook.params import QUICK, TINY, use_tiny_defaults
 from agentenv_nb.settings import PREFIX
 
 pytestmark = pytest.mark.slow
@@ -45,7 +45,8 @@ def _get(url: str) -> dict:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """JupyterLab over copies of the notebooks (the committed ones stay without outputs), every cell rendered (no
-    windowing) and no news pop-up; its kernels get the tiny defaults on desk, and a run folder of their own."""
+    windowing) and no news pop-up; its kernels get the tiny defaults on desk in their fewer steps, and a run folder of
+    their own."""
     root = tmp_path_factory.mktemp("lab")
     chosen = desk_parameters(*write_desk(root / "desk"))
     for path in NOTEBOOKS:
@@ -60,12 +61,12 @@ def lab(tmp_path_factory):
             env.delenv(name)
         # the tiny defaults for this lab alone: each variable they set is recorded first (set, then deleted), so the
         # context puts it back as it was, and a run of its own, even beside nbval's in one pytest call
-        for name in [*(PREFIX + name for name in (*TINY, *chosen, "RUN_DIR", "BUNDLES_DIR")), "XDG_STATE_HOME"]:
+        for name in [*(PREFIX + name for name in (*TINY, *QUICK, *chosen, "RUN_DIR", "BUNDLES_DIR")), "XDG_STATE_HOME"]:
             env.setenv(name, "")
             env.delenv(name)
         for name, value in chosen.items():
             env.setenv(PREFIX + name, value)
-        use_tiny_defaults(root / "run")
+        use_tiny_defaults(root / "run", quick=True)
         env.setenv("JUPYTERLAB_SETTINGS_DIR", str(settings))
         env.setenv("JUPYTERLAB_WORKSPACES_DIR", str(root / ".workspaces"))
         port = free_port()

@@ -14,7 +14,7 @@ import sys
 import nbformat
 import pytest
 
-from agentenv_nb.notebook.params import TINY
+from agentenv_nb.notebook.params import QUICK, TINY
 from agentenv_nb.settings import PREFIX
 
 from .conftest import STARTED_WITH, stderr_lines
@@ -63,8 +63,8 @@ def fresh_parameters(monkeypatch):
     defaults (the runner sets them; each is recorded first, so it is put back afterwards)."""
     for name in set(os.environ) - set(STARTED_WITH):
         monkeypatch.delenv(name)
-    for name in [*(PREFIX + name for name in (*TINY, "RUN_DIR", "BUNDLES_DIR", "LIBRARY_LOG", "BUNDLE", "REWARD",
-                                              "DEMOS", "TOOLSETS")), "XDG_STATE_HOME"]:
+    for name in [*(PREFIX + name for name in (*TINY, *QUICK, "RUN_DIR", "BUNDLES_DIR", "LIBRARY_LOG", "BUNDLE",
+                                              "REWARD", "DEMOS", "TOOLSETS")), "XDG_STATE_HOME"]:
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     return monkeypatch
@@ -82,7 +82,7 @@ def outputs(notebook) -> list[str]:
 
 def test_a_bundle_without_partial_credit_runs_the_four_notebooks_with_a_warning(tmp_path, fresh_parameters):
     bundle, demos = write_quiz(tmp_path / "quiz")
-    for name, value in {"BUNDLE": bundle, "REWARD": "mean", "DEMOS": demos}.items():
+    for name, value in {"BUNDLE": bundle, "REWARD": "mean", "DEMOS": demos, **QUICK}.items():
         fresh_parameters.setenv(PREFIX + name, str(value))
     out = tmp_path / "out"
     done = demo(out)
@@ -98,6 +98,8 @@ def test_a_bundle_without_partial_credit_runs_the_four_notebooks_with_a_warning(
     assert any(text.startswith("warning: the model's answers scored nothing") and "no partial credit" in text
                for text in warm), warm
     assert any(text.startswith("trainable parameters:") and "a full fine-tune, not LoRA" in text for text in warm)
+    steps = QUICK["SFT_STEPS"]
+    assert any(f"trained to step {steps} of {steps}" in text for text in warm), warm  # SFT_STEPS, not the preset's
     assert (out / "run" / "sft" / "merged").is_dir() and (out / "run" / "trained" / "adapter").is_dir()
     assert (out / "run" / "eval_curve.png").is_file()
 

@@ -42,11 +42,19 @@ TINY = {**{name: str(value) for name, value in TINY_RUN.changed().items()}, "MOD
         "DISTILL_ROUNDS": "1", "DISTILL_STEPS": "20"}
 
 
-def use_tiny_defaults(run_dir: str | os.PathLike) -> None:
+QUICK = {"SFT_STEPS": "100", "DISTILL_STEPS": "5", "MAX_STEPS": "2", "EVAL_DAYS": "4"}
+"""The tiny run in fewer steps, for the tests that run the notebooks to check each cell and what a person sees, not
+what the model learns: 100 SFT steps are the fewest of the tiny defaults' 200 after which the tiny model still calls
+the tools."""
+
+
+def use_tiny_defaults(run_dir: str | os.PathLike, quick: bool = False) -> None:
     """Point every notebook at the tiny bundle and model on CPU, writing under ``run_dir``, unless the
-    environment already says otherwise: what CI and the README's demo run."""
+    environment already says otherwise: what CI (``quick``: in the fewer steps of ``QUICK``) and the README's demo
+    run."""
     run_dir = os.fspath(run_dir)
-    for name, value in {**TINY, "RUN_DIR": run_dir, "BUNDLES_DIR": os.path.join(run_dir, "bundles"),
+    for name, value in {**TINY, **(QUICK if quick else {}), "RUN_DIR": run_dir,
+                        "BUNDLES_DIR": os.path.join(run_dir, "bundles"),
                         "LIBRARY_LOG": os.path.join(run_dir, "agentenv_nb.log")}.items():
         os.environ.setdefault(PREFIX + name, value)
     # The env framework's store of episodes (agent_env's SQLite under $XDG_STATE_HOME/agent-env) kept with the run, as

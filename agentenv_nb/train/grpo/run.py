@@ -19,10 +19,8 @@ import math
 
 from agentenv_nb.stops import Stop
 from agentenv_nb.train.naming import NOTEBOOK, Naming
-from agentenv_nb.train.presets.recipes import PRESETS
+from agentenv_nb.train.presets.recipes import PRESETS, RECIPE
 from agentenv_nb.train.run import PRESET_HELP, Run, parameter
-
-RECIPE = PRESETS["24gb"]  # the recipe's figures, which a trainer setting's help says "unset" gives
 
 
 def _figures(setting, small: str = "") -> str:

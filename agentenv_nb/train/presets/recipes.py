@@ -139,6 +139,7 @@ PRESETS = {preset.name: preset for preset in (
            pretrained_from=1e7),  # the tiny model has under a million parameters; SmolLM2-135M, Gemma 3 270M are real
 )}
 
+RECIPE = PRESETS["24gb"]  # the recipe page's own settings, which the others change
 AUTO = "auto"  # the preset that fits this host's card
 
 

@@ -40,6 +40,7 @@ def options() -> Options:
         "--set", action="append", default=[], type=setting, metavar="KEY=VALUE", dest="overrides",
         help="an SFTConfig setting over the preset's, VALUE as JSON (else a string); e.g. max_steps=20; repeatable")
     options.add("demos", metavar="JSONL")
+    options.add("sft_steps", type=positive)
     options.add("eval_days", type=counting)
     options.add("max_new_tokens", type=positive)
     options.add("distill_rounds", type=counting)

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import dataclasses
 
+from agentenv_nb.train.presets.recipes import PRESETS, RECIPE
 from agentenv_nb.train.run import PRESET_HELP, Run, parameter
 
 
 @dataclasses.dataclass(frozen=True)
 class SFTRun(Run):
     """An SFT warm start's parameters, in groups as ``GRPORun`` has its own: the data and where the run goes, the envs
-    (``Run``'s, every stage's), then the model, the demonstrations, the greedy evals, the self-distillation."""
+    (``Run``'s, every stage's), then the model, the demonstrations, the fine-tuning, the greedy evals, the
+    self-distillation."""
 
     model: str = parameter("unsloth/Qwen3-4B", "a Hub model, a folder or a .gguf file; 'tiny' builds the offline CPU "
                                                "model", opens="the model")
@@ -34,6 +36,14 @@ class SFTRun(Run):
     demos: str = parameter("", "a JSONL of demonstrations in TRL's chat format, for a bundle without an expert; "
                                "empty: the bundle's expert, else the model's own best rollouts",
                            opens="the demonstrations")
+
+    sft_steps: int | None = parameter(None, "SFT steps, more to follow the demonstrations more closely; unset: the "
+                                            f"preset's ({RECIPE.sft_num_train_epochs} pass over them, "
+                                            f"{RECIPE.small_sft_num_train_epochs} for a model under "
+                                            f"{RECIPE.small_model_below / 1e9:g}B parameters; 'cpu-tiny': "
+                                            f"{PRESETS['cpu-tiny'].sft_max_steps} steps, "
+                                            f"{PRESETS['cpu-tiny'].pretrained_sft_max_steps} for a pretrained model)",
+                                      opens="the fine-tuning")
 
     eval_days: int = parameter(50, "eval tasks scored greedily before and after SFT, the first ones, as notebook 03 "
                                    "scores the trained model (give both the same)",
@@ -94,14 +104,15 @@ def greedy_eval(run: SFTRun, preset, model, tokenizer, env, progress: bool = Tru
 
 def train(run: SFTRun, preset, model, tokenizer, env, start, callbacks=(), **overrides):
     """TRL's SFTTrainer on ``start``'s demonstrations that ``model`` can learn from (loss on the assistant's tokens
-    only), with ``preset``'s SFT settings for this model and ``overrides`` (SFTConfig settings) over them, in
-    RUN_DIR/sft-checkpoints; trained by ``fit``. Returns the trainer."""
+    only), with ``preset``'s SFT settings for this model, SFT_STEPS and ``overrides`` (SFTConfig settings) over them,
+    in RUN_DIR/sft-checkpoints; trained by ``fit``. Returns the trainer."""
     from agentenv_nb.train.fit import fit
     from agentenv_nb.train.warm_start.demos import sft_trainer
 
     trainer = sft_trainer(model, tokenizer, start.sft_dataset(model, tokenizer, env, preset,
                                                               max_new_tokens=run.max_new_tokens),
-                          preset, callbacks, output_dir=f"{run.run_dir}/sft-checkpoints", **overrides)
+                          preset, callbacks, output_dir=f"{run.run_dir}/sft-checkpoints",
+                          **{"max_steps": run.sft_steps, **overrides})
     fit(trainer)
     return trainer
 
