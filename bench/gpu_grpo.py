@@ -10,7 +10,7 @@ Usage::
     python bench/gpu_grpo.py --smoke                           # CPU plumbing: tiny model, "cpu-tiny", 2 steps
     python bench/gpu_grpo.py --model /tmp/q4b --variants bare --set steps_per_generation=1 --memory-history 4000000
     python bench/gpu_grpo.py --model /tmp/q4b --variants kit --preset-set gradient_checkpointing=true --tag _gc
-    python bench/gpu_grpo.py --model /tmp/q4b --variants kit --environ UNSLOTH_VLLM_STANDBY=1 --hold-rest --tag _standby
+    python bench/gpu_grpo.py --model /tmp/q4b --variants kit --environ UNSLOTH_VLLM_STANDBY=1 --no-cap --tag _standby
     python bench/gpu_grpo.py --model /tmp/q4b --variants kit --steps 5 --budget-s 90 --profile-step 3 --tag _prof
 
 Each variant runs in a process of its own (its own model and vLLM engine, its own peak memory); one that fails or passes
@@ -483,9 +483,6 @@ def parse(argv=None):
                         help="a variant's process is killed past --budget-s plus this (imports, vLLM's load)")
     parser.add_argument("--cap-gb", type=float, default=24.0, help="GPU memory held to this many GB (1e9 bytes)")
     parser.add_argument("--no-cap", dest="cap_gb", action="store_const", const=None, help="the whole GPU")
-    parser.add_argument("--hold-rest", action="store_true",
-                        help="hold the GPU to --cap-gb by taking the rest of it in one allocation, not by PyTorch's "
-                        "allocator's fraction, which counts the memory Unsloth's standby puts to sleep as in use")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a GRPO setting over the preset's for every variant, VALUE as JSON (else a string)")
     parser.add_argument("--server-processes", type=int, default=8,
@@ -534,7 +531,7 @@ def parse(argv=None):
 
 def run_here(args) -> None:
     """In a variant's own process: run it, held to the cap, writing its result after each step and at its end."""
-    cap_memory(args.cap_gb, hold=args.hold_rest)
+    cap_memory(args.cap_gb)
     report = Path(args.work, f"{args.variant}.result").write_text
     if args.memory_history and CUDA:
         torch.cuda.memory._record_memory_history(stacks="python", max_entries=args.memory_history)
@@ -571,9 +568,9 @@ def main(argv=None) -> dict | None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's TERM: the running variant is killed too
     versions = {m: importlib.metadata.version(m) for m in ("torch", "transformers", "trl", "unsloth", "vllm", "torchao")
                 if importlib.util.find_spec(m)}
-    report = {"preset": args.preset, "cap_gb": args.cap_gb, "hold_rest": args.hold_rest, "steps": args.steps,
-              "smoke": args.smoke, "device": "cpu", "settings": settings(args.set), "load": args.load,
-              "preset_set": args.preset_set, "environ": args.environ, "budget_s": args.budget_s,
+    report = {"preset": args.preset, "cap_gb": args.cap_gb, "steps": args.steps, "smoke": args.smoke, "device": "cpu",
+              "settings": settings(args.set), "load": args.load, "preset_set": args.preset_set,
+              "environ": args.environ, "budget_s": args.budget_s,
               "poll_interval_s": args.poll_s, "cpus": sorted(os.sched_getaffinity(0)),
               "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "versions": versions, "results": []}
     name = f"grpo_{args.preset}{'' if args.cap_gb else '_nocap'}{args.tag}.json"

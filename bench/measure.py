@@ -8,7 +8,6 @@ Import it after ``agentenv_nb.stack.import_unsloth()`` where Unsloth should patc
 """
 
 import contextlib
-import ctypes
 import functools
 import gc
 import inspect
@@ -50,25 +49,10 @@ def peaks() -> dict:
             "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB} if CUDA else {}
 
 
-HELD_BYTES = 0  # bytes of the card ``cap_memory(hold=True)`` took, which the device's peaks leave out
-
-
-def cap_memory(cap_gb: float | None, hold: bool = False) -> None:
-    """Hold this process to ``cap_gb`` GB (1e9 bytes) of the GPU, as if it were a smaller card: by PyTorch's allocator's
-    fraction, or (``hold``) by taking the rest of the card in one allocation outside PyTorch's allocator, as a smaller
-    card runs out. Unsloth's standby needs the second: vLLM's cumem allocator unmaps its sleeping KV cache, which
-    PyTorch's allocator still counts against its fraction."""
-    global HELD_BYTES
-    if not (cap_gb and CUDA):
-        return
-    total = torch.cuda.mem_get_info()[1]  # makes the device's primary context current, which the driver call uses
-    if not hold:
-        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gb * 1e9 / total))
-        return
-    pointer, size = ctypes.c_uint64(), max(0, int(total - cap_gb * 1e9))
-    if code := ctypes.CDLL("libcuda.so.1").cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(size)):
-        raise RuntimeError(f"holding {size / 1e9:.1f} GB of the GPU failed: CUDA driver error {code}")
-    HELD_BYTES = size
+def cap_memory(cap_gb: float | None) -> None:
+    """Hold this process to ``cap_gb`` GB (1e9 bytes) of the GPU, as if it were a smaller card."""
+    if cap_gb and CUDA:
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gb * 1e9 / torch.cuda.mem_get_info()[1]))
 
 
 def free_memory(collect: bool = True) -> None:
@@ -235,9 +219,9 @@ class DevicePeak:
         own = self._own_usage(self.device)
         while True:
             free, total = torch.cuda.mem_get_info(self.device)
-            self.peak = max(self.peak, total - free - HELD_BYTES)
+            self.peak = max(self.peak, total - free)
             if (used := own()) is not None:
-                self.own_peak = max(self.own_peak or 0, used - HELD_BYTES)
+                self.own_peak = max(self.own_peak or 0, used)
             time.sleep(0.05)
 
     @staticmethod
