@@ -1,6 +1,6 @@
-"""nbval runs the notebooks on the tiny bundle and model, on CPU, in the tiny run's fewer steps, all four writing under one temporary run
-folder, so each picks up what the one before it made. A cell that writes to stderr fails, as it fails the browser
-test: a user would see it in red under the cell."""
+"""nbval runs the notebooks on the tiny bundle and model, on CPU, in the tiny run's fewer steps (``params.QUICK``),
+all four writing under one temporary run folder, so each picks up what the one before it made. A cell that writes to
+stderr fails, as it fails the browser test: a user would see it in red under the cell."""
 
 import tempfile
 

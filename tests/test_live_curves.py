@@ -114,13 +114,33 @@ for step in (1, 2):
 """
 
 
+TRAIN_END = "live.on_train_end(None, TrainerState(global_step=2, max_steps=2), None)\n"
+
+
+@pytest.fixture(scope="module")
+def kernel_run():
+    """One kernel runs three cells (each a live plot): the factory's own pick, left training; then with the widget
+    (JupyterLab's) and without it (Colab's), each to its train end."""
+    # Unsloth, imported by earlier tests in this process, sets HF_HUB_ENABLE_HF_TRANSFER, which the kernel inherits
+    # and huggingface_hub warns about on stderr: not the plot's output.
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.delenv("HF_HUB_ENABLE_HF_TRANSFER", raising=False)
+        return run_cells([KERNEL_CELL] + [
+            KERNEL_CELL.replace("live_plot(min_interval=0)", f"live_plot(min_interval=0, widget={widget})") + TRAIN_END
+            for widget in (True, False)])
+
+
+def output_models(nb) -> dict:
+    """The notebook's ipywidgets Output models, by id."""
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    return {key: model for key, model in state.items() if model["model_name"] == "OutputModel"}
+
+
 @pytest.mark.slow
-def test_in_a_kernel_the_factory_picks_the_notebook_and_draws_into_an_output_widget():
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(KERNEL_CELL)])
-    repo = Path(__file__).resolve().parents[1]
-    NotebookClient(nb, timeout=60, kernel_name="python3", resources={"metadata": {"path": str(repo)}}).execute()
-    widgets = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"].values()
-    [output] = [w["state"]["outputs"] for w in widgets if w["model_name"] == "OutputModel"]
+def test_in_a_kernel_the_factory_picks_the_notebook_and_draws_into_an_output_widget(kernel_run):
+    [view] = kernel_run.cells[0].outputs
+    widget = output_models(kernel_run)[view["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]]
+    output = widget["state"]["outputs"]
     assert [o["output_type"] for o in output] == ["display_data"] and "image/png" in output[0]["data"]
 
 
@@ -234,27 +254,22 @@ def test_a_resumed_run_says_so_and_never_trains_past_max_steps(tmp_path, capsys)
     assert trainer.state.global_step == 4 and live.history["eval_reward"].notna().sum() == 2
 
 
-def run_cell(source: str) -> nbformat.NotebookNode:
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
+def run_cells(sources: list[str]) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in sources])
     repo = Path(__file__).resolve().parents[1]
     NotebookClient(nb, timeout=60, kernel_name="python3", resources={"metadata": {"path": str(repo)}}).execute()
     return nb
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("widget", [True, False], ids=["jupyterlab", "colab"])
-def test_at_train_end_the_plot_is_left_as_a_plain_image_every_viewer_shows(widget, monkeypatch):
-    # Unsloth, imported by earlier tests in this process, sets HF_HUB_ENABLE_HF_TRANSFER, which the kernel inherits
-    # and huggingface_hub warns about on stderr: not the plot's output.
-    monkeypatch.delenv("HF_HUB_ENABLE_HF_TRANSFER", raising=False)
-    nb = run_cell(KERNEL_CELL.replace("live_plot(min_interval=0)", f"live_plot(min_interval=0, widget={widget})")
-                  + "live.on_train_end(None, TrainerState(global_step=2, max_steps=2), None)\n")
-    outputs = nb.cells[0].outputs
+@pytest.mark.parametrize("cell", [1, 2], ids=["jupyterlab", "colab"])
+def test_at_train_end_the_plot_is_left_as_a_plain_image_every_viewer_shows(cell, kernel_run):
+    outputs = kernel_run.cells[cell].outputs
     assert len(outputs) == 1, outputs  # the widget, or the image, updated in place: one output
     [output] = outputs
     assert output["output_type"] == "display_data" and list(output["data"]) == ["image/png", "text/plain"]
-    widgets = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
-    assert bool(widgets) == widget  # Colab's path never makes one
+    # the first two cells' widgets: Colab's path never makes one
+    assert len(output_models(kernel_run)) == 2
 
 
 def test_an_eval_before_any_step_shows_its_progress_not_an_empty_figure():
