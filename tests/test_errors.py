@@ -268,6 +268,7 @@ def test_preflight_knows_a_local_servers_session_limit_and_warns_before_training
 
 def test_a_warm_start_that_learnt_nothing_stops_a_gpu_run_in_one_line_and_warns_on_the_tiny_cpu_model(capsys):
     from agentenv_nb.stops import Stop
+    from agentenv_nb.train.naming import COMMAND
     from agentenv_nb.train.warm_start.sources import check_learned
 
     unscored = {"reward": 0.0, "tool_call_rate": 1.0}
@@ -275,8 +276,11 @@ def test_a_warm_start_that_learnt_nothing_stops_a_gpu_run_in_one_line_and_warns_
         check_learned(unscored, PRESETS["24gb"])
     assert stopped.value._render_traceback_() == ["the model's answers scored nothing on the eval tasks: give SFT more "
                                                   "demonstrations (a small model: 200+)"]  # what IPython shows
-    with pytest.raises(Stop, match="called a tool in 20% of the eval tasks: give SFT more demonstrations"):
+    with pytest.raises(Stop, match=r"called a tool in 20% of the eval tasks: give SFT more demonstrations or more "
+                                   r"steps \(SFT_STEPS\)$"):
         check_learned({"reward": 0.5, "tool_call_rate": 0.2}, PRESETS["16bit"])
+    with pytest.raises(Stop, match=r"or more steps \(--sft-steps\)$"):  # in the sft command's words
+        check_learned({"reward": 0.5, "tool_call_rate": 0.2}, PRESETS["16bit"], COMMAND)
     check_learned(unscored, PRESETS["cpu-tiny"])  # goes on, saying why
     [line] = capsys.readouterr().out.splitlines()
     assert line.startswith("warning: the model's answers scored nothing") and "no partial credit" in line, line

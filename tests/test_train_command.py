@@ -294,6 +294,8 @@ def test_the_sft_command_runs_notebook_02_s_steps_and_saves_the_warm_start_grpo_
     assert done.returncode == 0, failure(done)
     assert "warm start from expert: GridSim's task adapter has an expert: 4 of its 4 episodes scored 1.0" in done.stdout
     assert "trained to step 2 of 2" in done.stdout  # --set over --sft-steps, over the preset's 200 steps
+    assert "warning: the model called a tool in 0% of the eval tasks: give SFT more demonstrations or more steps " \
+           "(--sft-steps)" in done.stdout  # 2 steps teach the random model nothing; said in the command's words
     assert "round 1: 8 train rollouts scored" in done.stdout  # DISTILL_ROUNDS' default: one round, 2 samples a task
     assert list(pd.read_csv(run_dir / "greedy-evals.csv", index_col=0)) == ["before SFT", "after SFT"]
     assert (run_dir / "sft" / "merged" / "config.json").is_file() and (run_dir / "distilled" / "merged").is_dir()

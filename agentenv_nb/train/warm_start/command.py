@@ -67,6 +67,7 @@ def warm_start(run: SFTRun, preset, bundle, overrides: dict) -> str:
     say_plan()  # what this host installs and trains with, as the notebooks' set-up cell and preflight say it
     import_unsloth()  # first, so Unsloth patches transformers and TRL before anything uses them
     from agentenv_nb.train.live import ConsoleLivePlot
+    from agentenv_nb.train.naming import COMMAND
     from agentenv_nb.train.rollout import greedy_evals, summary
     from agentenv_nb.train.warm_start.sources import check_learned
 
@@ -80,6 +81,6 @@ def warm_start(run: SFTRun, preset, bundle, overrides: dict) -> str:
         saved = sft_run.save(run, model, tokenizer)
         print(f"the warm start is in {saved}; `python -m agentenv_nb.train --run-dir {run.run_dir}` trains GRPO "
               "from it")
-        check_learned(after, preset)
+        check_learned(after, preset, COMMAND)
         sft_run.distill(run, preset, model, tokenizer, env, after, callbacks=[ConsoleLivePlot()])
     return saved

@@ -16,6 +16,7 @@ from agentenv_nb.stops import Stop
 from agentenv_nb.tasks.adapters import adapter_for
 from agentenv_nb.train.warm_start import demos as demo_data
 from agentenv_nb.train import presets
+from agentenv_nb.train.naming import NOTEBOOK, Naming
 from agentenv_nb.train.rollout import Rollout
 from agentenv_nb.train.warm_start.user_demos import read_demonstrations
 
@@ -72,22 +73,23 @@ def choose(bundle: str | Path, env, demos: str | Path = "") -> WarmStart:
     return start
 
 
-def learning_problem(scored: dict[str, float]) -> str | None:
+def learning_problem(scored: dict[str, float], naming: Naming = NOTEBOOK) -> str | None:
     """None where the warm start learnt (``rollout.summary`` of its greedy eval: a tool call in at least half the
-    tasks, a reward above 0); else what it missed and what to do, in one line."""
+    tasks, a reward above 0); else what it missed and what to do, in one line, in ``naming``'s words."""
     if scored["tool_call_rate"] < TOOL_CALL_RATE:
         return (f"the model called a tool in {scored['tool_call_rate']:.0%} of the eval tasks: give SFT more "
-                "demonstrations or more steps")
+                f"demonstrations or more steps ({naming.name('sft_steps')})")
     if not scored["reward"] > 0:
         return ("the model's answers scored nothing on the eval tasks: give SFT more demonstrations (a small model: "
                 "200+)")
     return None
 
 
-def check_learned(scored: dict[str, float], preset: presets.Preset) -> None:
-    """Stop, in one line that says what to do, where the warm start didn't learn (``learning_problem``); on a CPU
-    preset print it as a warning with its reason, and go on: the tiny model learns the form, not the task."""
-    if (problem := learning_problem(scored)) is None:
+def check_learned(scored: dict[str, float], preset: presets.Preset, naming: Naming = NOTEBOOK) -> None:
+    """Stop, in one line that says what to do (in ``naming``'s words), where the warm start didn't learn
+    (``learning_problem``); on a CPU preset print it as a warning with its reason, and go on: the tiny model learns
+    the form, not the task."""
+    if (problem := learning_problem(scored, naming)) is None:
         return
     if not preset.on_cpu:
         raise Stop(problem)
