@@ -103,9 +103,10 @@ def figures(text: str) -> set[float]:
     return {float(number) for number in re.findall(r"\d+(?:\.\d+)?(?:e-?\d+)?", text)}
 
 
-def test_notebook_03_says_what_an_unset_trainer_setting_gives_as_the_presets_hold_it():
+def test_notebooks_02_and_03_say_what_an_unset_trainer_setting_gives_as_the_presets_hold_it():
     """Each trainer setting's comment in notebook 03's parameters cell quotes the recipe's figure and only figures a
-    preset holds for it (a small model's too): changing a preset without its comment fails here."""
+    preset holds for it (a small model's too), as notebook 02's SFT_STEPS quotes the recipe's passes and "cpu-tiny"'s
+    steps: changing a preset without its comment fails here."""
     from agentenv_nb.train.grpo.run import GRPORun
 
     from .test_train_command import parameters_cell
@@ -116,13 +117,19 @@ def test_notebook_03_says_what_an_unset_trainer_setting_gives_as_the_presets_hol
                 "TEMPERATURE": (lambda p: p.temperature, recipe.small_temperature),
                 "NUM_GENERATIONS": (lambda p: p.num_generations, None),
                 "ROLLOUTS_A_STEP": (lambda p: p.per_device_train_batch_size * p.gradient_accumulation_steps, None)}
-    comments = dict(re.findall(r"^([A-Z_]+) = .+?  # (.+)$", parameters_cell(), re.M))
+
+    def comments(notebook: str = "03_grpo") -> dict[str, str]:
+        return dict(re.findall(r"^([A-Z_]+) = .+?  # (.+)$", parameters_cell(notebook), re.M))
+
     for name, (value, small) in settings.items():
-        said = figures(comments[name].split("None:")[1])
+        said = figures(comments()[name].split("None:")[1])
         held = {value(preset) for preset in all_presets} | {small} - {None}
         assert value(recipe) in said and said <= held, (name, said, held)
         assert f"the preset's {'max_steps ' * (name == 'MAX_STEPS')}({value(recipe):g}" in GRPORun.help(name), name
-    assert f"(r{recipe.lora_r}/alpha{recipe.lora_alpha})" in comments["LORA_RANK"] + GRPORun.help("lora_rank")
+    assert f"(r{recipe.lora_r}/alpha{recipe.lora_alpha})" in comments()["LORA_RANK"] + GRPORun.help("lora_rank")
+    tiny_steps = presets.PRESETS["cpu-tiny"].sft_max_steps
+    assert comments("02_sft_warm_start")["SFT_STEPS"].endswith(f'({recipe.sft_num_train_epochs} pass; "cpu-tiny" '
+                                                               f'{tiny_steps})')
 
 
 def test_notebook_03_and_the_readme_quote_the_recipe_as_the_presets_hold_it():
